@@ -1,0 +1,5 @@
+import sys
+
+from preheat.cli import main
+
+sys.exit(main())

@@ -1,0 +1,214 @@
+"""Every engine setting in one dataclass, parsed from CLI flags and PREHEAT_* variables.
+
+Each field's metadata carries its help text and flag name, so `preheat serve --help`,
+the environment-variable names (`PREHEAT_<FIELD>`), and validation come from one place.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+KV_CACHE_DTYPES = ("auto", "fp8_e4m3")
+PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+def _opt(help: str, default: Any = None, **extra: Any) -> Any:
+    return field(default=default, metadata={"help": help, **extra})
+
+
+@dataclass
+class EngineConfig:
+    # --- model ---
+    model: str | None = _opt(
+        "Model to serve: a Hugging Face directory (config + safetensors + tokenizer) or a "
+        ".gguf file. Empty = the embedded default, SmolLM2-135M-Instruct."
+    )
+    served_model_name: str | None = _opt(
+        "Name clients use in the `model` field (default: derived from --model)."
+    )
+    dtype: str = _opt("Weight and activation dtype.", "auto", choices=DTYPES)
+    device: str = _opt("Device: auto, cpu or cuda[:N].", "auto")
+    max_model_len: int | None = _opt(
+        "Longest prompt + completion in tokens (default: the model's context length)."
+    )
+    weight_cache_dir: str | None = _opt(
+        "Directory for converted weights (safetensors), keyed by source hash and dtype; "
+        "makes every load after the first a memory-mapped read. Empty = ~/.cache/preheat/weights; "
+        "'off' disables it."
+    )
+    seed: int = _opt("Seed for requests that give none.", 0)
+
+    # --- KV pool and prefix cache ---
+    page_size: int = _opt("Tokens per KV page.", 16, min=1, max=1024)
+    mem_fraction_static: float | None = _opt(
+        "Fraction of free device memory for the KV pool (default 0.85 on GPU, 0.10 of "
+        "available RAM on CPU).",
+        None,
+        min_excl=0.0,
+        max=1.0,
+    )
+    max_total_tokens: int | None = _opt(
+        "Cap on KV pool size in tokens (overrides the memory fraction when smaller)."
+    )
+    kv_cache_dtype: str = _opt(
+        "KV cache dtype: auto (= model dtype) or fp8_e4m3 (GPU only, per-tensor scale).",
+        "auto",
+        choices=KV_CACHE_DTYPES,
+    )
+    disable_radix_cache: bool = _opt("Turn the radix prefix cache off.", False)
+
+    # --- scheduler ---
+    max_num_seqs: int = _opt("Most requests running at once.", 64, min=1)
+    chunked_prefill_size: int = _opt(
+        "Most prompt tokens computed in one step; longer prompts are split so running "
+        "decodes are not stalled.",
+        512,
+        min=1,
+    )
+
+    # --- GPU path ---
+    cuda_graph_max_bs: int = _opt("Largest decode batch captured as a CUDA graph.", 32, min=1)
+    disable_cuda_graph: bool = _opt("Decode eagerly even on CUDA.", False)
+
+    # --- server ---
+    host: str = _opt("Address to bind.", "0.0.0.0")
+    port: int = _opt("Port to bind.", 8000, min=1, max=65535)
+    api_key: str | None = _opt("If set, requests must send `Authorization: Bearer <key>`.")
+    log_level: str = _opt("Log level.", "info", choices=LOG_LEVELS)
+    shutdown_timeout: float = _opt(
+        "Seconds to let in-flight requests finish after SIGTERM.", 25.0, min=0.0
+    )
+    max_request_body_bytes: int = _opt("Largest accepted request body.", 4 * 1024 * 1024, min=1)
+
+    # --- warm start ---
+    warmup_templates: str | None = _opt(
+        "Directory of warmup template YAML files to run before /ready turns 200."
+    )
+    snapshot_dir: str | None = _opt(
+        "Directory (shared by the service's pods) for hot-prefix KV snapshots."
+    )
+    snapshot_interval: float = _opt(
+        "Seconds between periodic snapshots (0 = only on demand and at shutdown).", 300.0, min=0.0
+    )
+    snapshot_max_tokens: int = _opt("Most tokens of KV written into one snapshot.", 65536, min=0)
+
+    # --- KV tiers ---
+    host_cache_size: float = _opt(
+        "GiB of host memory for the L2 KV tier (0 = off).", 0.0, min=0.0
+    )
+    disk_cache_dir: str | None = _opt("Directory for the L3 KV tier (empty = off).")
+    prefetch_policy: str = _opt(
+        "How a match that reaches L2/L3 pages waits for them.",
+        "best_effort",
+        choices=PREFETCH_POLICIES,
+    )
+    prefetch_timeout_ms: float = _opt(
+        "Deadline for the 'timeout' prefetch policy.", 50.0, min=0.0
+    )
+
+    def __post_init__(self) -> None:
+        validate(self)
+
+    @property
+    def enable_prefix_caching(self) -> bool:
+        return not self.disable_radix_cache
+
+
+class ConfigError(ValueError):
+    """A setting has a value the engine cannot run with; the message is one line."""
+
+
+def validate(cfg: EngineConfig) -> None:
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if value is None:
+            continue
+        meta = f.metadata
+        flag = "--" + f.name.replace("_", "-")
+        if "choices" in meta and value not in meta["choices"]:
+            raise ConfigError(f"{flag}: {value!r} is not one of {', '.join(meta['choices'])}")
+        if "min" in meta and value < meta["min"]:
+            raise ConfigError(f"{flag}: {value} is below the minimum {meta['min']}")
+        if "min_excl" in meta and value <= meta["min_excl"]:
+            raise ConfigError(f"{flag}: {value} must be greater than {meta['min_excl']}")
+        if "max" in meta and value > meta["max"]:
+            raise ConfigError(f"{flag}: {value} is above the maximum {meta['max']}")
+    if cfg.max_total_tokens is not None and cfg.max_total_tokens < cfg.page_size:
+        raise ConfigError("--max-total-tokens must hold at least one page")
+
+
+def _field_type(f: dataclasses.Field) -> type:
+    t = str(f.type)
+    if "bool" in t:
+        return bool
+    if "int" in t:
+        return int
+    if "float" in t:
+        return float
+    return str
+
+
+def _parse_bool(text: str) -> bool:
+    low = text.strip().lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"not a boolean: {text!r}")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Adds one flag per field; defaults come from PREHEAT_<FIELD> when set."""
+    for f in dataclasses.fields(EngineConfig):
+        kind = _field_type(f)
+        flag = "--" + f.name.replace("_", "-")
+        env = "PREHEAT_" + f.name.upper()
+        help_text = f"{f.metadata.get('help', '')} [env {env}]"
+        if kind is bool:
+            parser.add_argument(flag, action="store_true", default=None, help=help_text)
+        else:
+            default = f.default
+            shown = "" if default is None else f" (default: {default})"
+            parser.add_argument(
+                flag, type=str, default=None, help=help_text + shown, metavar=f.name.upper()
+            )
+
+
+def from_namespace(ns: argparse.Namespace, environ: dict[str, str] | None = None) -> EngineConfig:
+    """Builds the config: a flag wins over PREHEAT_<FIELD>, which wins over the default."""
+    environ = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(EngineConfig):
+        kind = _field_type(f)
+        flag = "--" + f.name.replace("_", "-")
+        env = "PREHEAT_" + f.name.upper()
+        raw = getattr(ns, f.name, None)
+        source = flag
+        if raw is None and env in environ:
+            raw, source = environ[env], env
+        if raw is None:
+            continue
+        try:
+            if kind is bool:
+                values[f.name] = raw if isinstance(raw, bool) else _parse_bool(raw)
+            elif raw == "" and f.default is None:
+                values[f.name] = None
+            else:
+                values[f.name] = kind(raw)
+        except ValueError:
+            raise ConfigError(f"{source}: {raw!r} is not a valid {kind.__name__}") from None
+    return EngineConfig(**values)
+
+
+def parse_args(argv: Sequence[str] | None = None, prog: str = "preheat serve") -> EngineConfig:
+    parser = argparse.ArgumentParser(
+        prog=prog, description="Serve a language model with an OpenAI-compatible API."
+    )
+    add_arguments(parser)
+    return from_namespace(parser.parse_args(argv))
