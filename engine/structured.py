@@ -1,0 +1,189 @@
+"""Structured output: compile regex / JSON-schema grammars and mask logits with them.
+
+xgrammar does the work (JSON-schema compile in milliseconds, mask fill in ~0.1 ms). This file
+owns the seam described in docs/engine-internals.md:
+
+    backend = GrammarBackend(tokenizer, vocab_size)
+    compiled = backend.compile(StructuredOutput)     # cached by (kind, spec)
+    matcher = backend.new_matcher(compiled)
+    apply_grammar_masks(logits, matchers)            # in place, -inf where not allowed
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Protocol, Sequence
+
+import torch
+import xgrammar as xgr
+
+KINDS = ("regex", "json_schema", "json_object")
+
+# A JSON object with any keys; strict mode in xgrammar only closes *declared* objects.
+_ANY_OBJECT_SCHEMA = '{"type": "object"}'
+
+
+class StructuredSpec(Protocol):
+    """What the backend reads from `sampling_params.StructuredOutput`."""
+
+    kind: str
+    spec: Any
+
+
+class InvalidGrammar(ValueError):
+    """The regex or JSON schema cannot be compiled; the message says why, in one line."""
+
+
+@dataclass(frozen=True)
+class CompiledGrammar:
+    kind: str
+    key: str  # canonical spec text, the cache key together with kind
+    grammar: xgr.CompiledGrammar
+
+
+class Matcher:
+    """Per-request grammar state: which tokens may come next, and whether the grammar is done."""
+
+    def __init__(self, compiled: CompiledGrammar, stop_token_ids: Sequence[int]) -> None:
+        self.compiled = compiled
+        self._m = xgr.GrammarMatcher(compiled.grammar)
+        self._stop_token_ids = list(stop_token_ids)
+
+    def accept_token(self, token_id: int) -> bool:
+        """Advances the grammar; False (state unchanged) when the token is not allowed."""
+        if self._m.is_terminated():
+            return False
+        return bool(self._m.accept_token(int(token_id)))
+
+    def is_terminated(self) -> bool:
+        """True once the grammar is complete *and* a stop token was accepted."""
+        return bool(self._m.is_terminated())
+
+    def is_completed(self) -> bool:
+        """True when the text so far is a full match (a stop token may come next)."""
+        return bool(self._m.is_completed())
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        if self._m.is_terminated():
+            # xgrammar refuses to fill after termination; only a stop token makes sense now.
+            bitmask[row].zero_()
+            for tok in self._stop_token_ids:
+                bitmask[row, tok // 32] |= 1 << (tok % 32)
+            return
+        self._m.fill_next_token_bitmask(bitmask, row)
+
+
+class GrammarBackend:
+    """Compiles grammars for one tokenizer; thread-safe; keeps an LRU of compiled grammars."""
+
+    def __init__(self, tokenizer: Any, vocab_size: int, cache_size: int = 256) -> None:
+        # vocab_size is the model's logits width, which may exceed the tokenizer's (padding);
+        # xgrammar then treats the extra ids as never allowed under a grammar.
+        self.vocab_size = int(vocab_size)
+        self.tokenizer_info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
+        self._compiler = xgr.GrammarCompiler(self.tokenizer_info, cache_enabled=False)
+        self._cache: OrderedDict[tuple[str, str], CompiledGrammar] = OrderedDict()
+        self._cache_size = cache_size
+        self._lock = threading.Lock()
+        self.cache_hits = 0
+        self.cache_misses = 0
+        self.compile_seconds_total = 0.0
+
+    @property
+    def stop_token_ids(self) -> list[int]:
+        return list(self.tokenizer_info.stop_token_ids)
+
+    def compile(self, structured: StructuredSpec) -> CompiledGrammar:
+        kind, key = _canonical(structured)
+        with self._lock:
+            hit = self._cache.get((kind, key))
+            if hit is not None:
+                self._cache.move_to_end((kind, key))
+                self.cache_hits += 1
+                return hit
+        start = time.perf_counter()
+        grammar = self._compile(kind, key)
+        elapsed = time.perf_counter() - start
+        compiled = CompiledGrammar(kind, key, grammar)
+        with self._lock:
+            self.cache_misses += 1
+            self.compile_seconds_total += elapsed
+            self._cache[(kind, key)] = compiled
+            while len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+        return compiled
+
+    def new_matcher(self, compiled: CompiledGrammar) -> Matcher:
+        return Matcher(compiled, self.stop_token_ids)
+
+    def _compile(self, kind: str, key: str) -> xgr.CompiledGrammar:
+        try:
+            if kind == "regex":
+                return self._compiler.compile_regex(key)
+            # No free whitespace: a small model can otherwise pad with spaces until max_tokens.
+            strict = kind == "json_schema"
+            return self._compiler.compile_json_schema(
+                key, any_whitespace=False, strict_mode=strict
+            )
+        except RuntimeError as e:
+            raise InvalidGrammar(f"invalid {kind}: {_one_line(e)}") from None
+
+
+def _canonical(structured: StructuredSpec) -> tuple[str, str]:
+    kind = getattr(structured, "kind", None)
+    spec = getattr(structured, "spec", None)
+    if kind not in KINDS:
+        raise InvalidGrammar(f"unknown structured output kind {kind!r}; use one of {KINDS}")
+    if kind == "json_object":
+        return kind, _ANY_OBJECT_SCHEMA
+    if kind == "regex":
+        if not isinstance(spec, str) or not spec:
+            raise InvalidGrammar("invalid regex: must be a non-empty string")
+        return kind, spec
+    if isinstance(spec, str):
+        try:
+            spec = json.loads(spec)
+        except json.JSONDecodeError as e:
+            raise InvalidGrammar(f"invalid json_schema: not JSON ({e})") from None
+    if not isinstance(spec, (dict, bool)):
+        raise InvalidGrammar("invalid json_schema: must be a JSON object")
+    _check_schema(spec)
+    # Key order and spacing must not split the cache: the same schema costs one compile.
+    return kind, json.dumps(spec, sort_keys=True, separators=(",", ":"))
+
+
+def _check_schema(schema: Any) -> None:
+    """Catches schemas xgrammar would silently accept but that are not valid JSON Schema."""
+    import jsonschema
+
+    try:
+        jsonschema.Draft202012Validator.check_schema(schema)
+    except jsonschema.SchemaError as e:
+        raise InvalidGrammar(f"invalid json_schema: {_one_line(e.message)}") from None
+
+
+def _one_line(err: object) -> str:
+    text = str(err).strip()
+    # xgrammar prefixes "[hh:mm:ss] /path/file.cc:NN: "; keep only the reason.
+    if text.startswith("[") and ".cc:" in text:
+        text = text.split(": ", 1)[-1]
+    return " ".join(text.split())[:500]
+
+
+def apply_grammar_masks(logits: torch.Tensor, matchers: Sequence[Matcher | None]) -> None:
+    """Sets logits[i, t] = -inf for every token t the i-th grammar forbids; rows with None
+    are left alone. logits is [B, V] on any device; the mask is filled on the CPU."""
+    rows = [i for i, m in enumerate(matchers) if m is not None]
+    if not rows:
+        return
+    vocab = logits.shape[-1]
+    bitmask = xgr.allocate_token_bitmask(len(matchers), vocab)
+    for i in rows:
+        matchers[i].fill_bitmask(bitmask, i)  # type: ignore[union-attr]
+    if logits.device.type != "cpu":
+        bitmask = bitmask.to(logits.device, non_blocking=True)
+    xgr.apply_token_bitmask_inplace(logits, bitmask, vocab_size=vocab, indices=rows)
