@@ -257,3 +257,7 @@ def decode_attention_triton(
         BLOCK_D=block_d,
     )
     return out
+
+
+# The name attention.py's dispatch table binds (same signature as reference.decode_attention).
+decode_attention = decode_attention_triton

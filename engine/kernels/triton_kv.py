@@ -7,8 +7,8 @@ page 0), so the kernel writes every row unconditionally: no host-side masking, w
 it capturable in a CUDA graph.
 
 fp8: when the cache dtype is float8_e4m3fn, each value is divided by the per-tensor scale
-(a float32 [1] tensor, see kv_fp8.py), clamped to ±448 and cast; other cache dtypes are a
-plain cast.
+(a float32 [1] tensor, see kv_fp8.py), clamped to ±448, rounded to nearest even and cast:
+bit-identical to kv_fp8.quantize_fp8. Other cache dtypes are a plain cast.
 
 Import this module only where Triton is importable (attention.py decides); tests run it on
 CPU with TRITON_INTERPRET=1 set before the import.
@@ -21,6 +21,28 @@ import triton
 import triton.language as tl
 
 from .kv_fp8 import FP8_MAX, is_fp8
+
+
+@triton.jit
+def _round_to_e4m3(x):
+    """Rounds fp32 values in [-448, 448] to the nearest float8_e4m3fn value (ties to even).
+
+    The cast that follows is then exact, so the stored bits are the ones torch produces.
+    Doing it by hand because the Triton interpreter's fp32->fp8 cast drops the carry when
+    rounding overflows the mantissa (31.6 becomes 16) and rounds ties away from zero.
+    """
+    # Normal range: keep 3 of fp32's 23 mantissa bits, round to nearest even on the bits;
+    # an integer add carries into the exponent correctly.
+    bits = x.to(tl.int32, bitcast=True)
+    lsb = (bits >> 20) & 1
+    normal = ((bits + 0x7FFFF + lsb) & -1048576).to(tl.float32, bitcast=True)  # -1048576 = ~0xFFFFF
+    # Subnormal range (|x| < 2**-6): a fixed step of 2**-9. Adding and removing 1.5 * 2**14,
+    # whose fp32 ulp is 2**-9, makes the FPU round to that step (ties to even). Done on |x|
+    # and signed afterwards so a tiny negative value becomes -0, as torch stores it.
+    magic = 24576.0
+    sub = (tl.abs(x) + magic) - magic
+    sub = tl.where(x < 0, -sub, sub)
+    return tl.where(tl.abs(x) < 0.015625, sub, normal)
 
 
 @triton.jit
@@ -60,8 +82,8 @@ def _write_kv_kernel(
     k = tl.load(K + t * stride_kt + h[:, None] * stride_kh + d[None, :], mask=mask)
     v = tl.load(V + t * stride_vt + h[:, None] * stride_vh + d[None, :], mask=mask)
     if QUANT:
-        k = tl.clamp(k.to(tl.float32) / tl.load(KScale), -QMAX, QMAX)
-        v = tl.clamp(v.to(tl.float32) / tl.load(VScale), -QMAX, QMAX)
+        k = _round_to_e4m3(tl.clamp(k.to(tl.float32) / tl.load(KScale), -QMAX, QMAX))
+        v = _round_to_e4m3(tl.clamp(v.to(tl.float32) / tl.load(VScale), -QMAX, QMAX))
     tl.store(KC + dst, k.to(KC.dtype.element_ty), mask=mask)
     tl.store(VC + dst, v.to(VC.dtype.element_ty), mask=mask)
 
@@ -111,3 +133,7 @@ def write_kv_triton(
         QUANT=quant,
         QMAX=FP8_MAX,
     )
+
+
+# The name attention.py's dispatch table binds (same signature as reference.write_kv).
+write_kv = write_kv_triton
