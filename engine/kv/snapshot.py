@@ -1,0 +1,596 @@
+"""Hot-prefix KV snapshots: save to and restore from a directory shared by a service's pods.
+
+Layout of the snapshot root (format in docs/snapshots.md):
+
+    <root>/snap-<created_ns:020d>-<writer>-<rand>/manifest.json
+    <root>/snap-.../kv-00000.safetensors          KV of one or more prefixes
+    <root>/.tmp-<writer>-<rand>/                  a snapshot being written (never read)
+    <root>/.trash-<rand>/                         an old snapshot being deleted (never read)
+
+A snapshot is untrusted input: the volume is shared, pods crash mid-write, disks flip bits,
+and a model upgrade leaves old snapshots behind. So it is never unpickled (JSON + safetensors
+only), every byte that is used is checked against the manifest and its sha256, and every
+problem becomes a `Rejection` with a machine-readable reason — never an exception — so the
+engine warms cold and still turns ready.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import secrets
+import shutil
+import stat
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence, TypeVar
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+log = logging.getLogger("preheat.snapshot")
+
+FORMAT = "preheat-kv-snapshot"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+DEFAULT_KEEP = 3
+MAX_MANIFEST_BYTES = 64 * 1024 * 1024
+DEFAULT_MAX_FILE_BYTES = 256 * 1024 * 1024  # few files (few fsyncs on NFS), none huge
+STALE_TEMP_SECONDS = 3600.0  # a temp dir this old belongs to a writer that died
+
+# Machine-readable reasons, the label values of preheat_snapshot_rejected_total{reason}.
+REJECT_REASONS = (
+    "manifest_missing",     # no manifest.json in the snapshot directory
+    "manifest_unparsable",  # not JSON, or not a JSON object
+    "unknown_version",      # a format version this engine does not read
+    "manifest_invalid",     # fields missing / wrong types / inconsistent (e.g. pages vs tokens)
+    "fingerprint_mismatch", # another model, dtype, page size or tokenizer
+    "unsafe_path",          # a file name escaping the directory, a symlink, a non-regular file
+    "file_missing",         # a tensor file the manifest lists is absent
+    "truncated",            # a tensor file is shorter than the manifest says
+    "size_mismatch",        # a file longer than declared, or a tensor's shape/dtype differs
+    "unreadable",           # safetensors refuses the file (corrupt header)
+    "checksum_mismatch",    # the tensor bytes do not hash to the manifest's sha256
+    "io_error",             # the filesystem failed while reading
+)  # fmt: skip
+
+_SNAPSHOT_NAME = re.compile(r"^snap-(\d{20})-([A-Za-z0-9_.-]{1,64})-([0-9a-f]{8})$")
+_TENSOR_FILE = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}\.safetensors$")
+_DTYPES = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float8_e4m3fn": torch.float8_e4m3fn,
+}
+_SAFETENSORS_DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16", "float8_e4m3fn": "F8_E4M3"}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    for name, d in _DTYPES.items():
+        if d == dtype:
+            return name
+    raise ValueError(f"unsupported KV dtype for snapshots: {dtype}")
+
+
+# --------------------------------------------------------------------------- records
+
+
+@dataclass
+class PrefixRecord:
+    """A hot prefix (docs/engine-internals.md). kv: [num_layers, 2, n_tokens, kvh, hd],
+    n_tokens == len(token_ids), a multiple of the page size."""
+
+    token_ids: list[int]
+    kv: torch.Tensor
+    hits: int = 0
+    pinned: bool = False
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass(frozen=True)
+class Rejection:
+    path: str
+    reason: str  # one of REJECT_REASONS
+    detail: str
+
+
+@dataclass
+class LoadResult:
+    records: list[PrefixRecord] = field(default_factory=list)
+    path: Path | None = None  # the snapshot restored, None when none was usable
+    rejected: list[Rejection] = field(default_factory=list)
+    created_at: float | None = None
+    writer_id: str | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(r.num_tokens for r in self.records)
+
+
+# --------------------------------------------------------------------------- fingerprint
+
+
+def tokenizer_hash(
+    vocab: Mapping[str, int],
+    *,
+    merges: Sequence[Any] | None = None,
+    special_tokens: Mapping[str, Any] | None = None,
+    chat_template: str | None = None,
+) -> str:
+    """sha256 over what decides token ids: the vocabulary, BPE merges when known, special
+    tokens (bos/eos/pad...) and the chat template (it decides the ids of a chat prefix)."""
+    doc = {
+        "vocab": sorted((str(k), int(v)) for k, v in vocab.items()),
+        "merges": [list(m) if isinstance(m, (list, tuple)) else str(m) for m in merges] if merges else None,
+        "special": {str(k): v for k, v in sorted((special_tokens or {}).items())},
+        "chat_template": chat_template,
+    }
+    blob = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+    return "sha256:" + hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+def model_fingerprint(
+    *,
+    architecture: str,
+    num_layers: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: str | torch.dtype,
+    page_size: int,
+    tokenizer_hash: str,
+    model_id: str | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    """What must match for a snapshot's KV to be valid here. `dtype` is the KV cache dtype.
+    `model_id` should identify the weights (e.g. the weight-cache source hash): two fine-tunes
+    of one architecture share every shape but not their KV. `extra` (JSON values) is compared
+    too, e.g. fp8 KV scales."""
+    fp = {
+        "architecture": str(architecture),
+        "num_layers": int(num_layers),
+        "num_kv_heads": int(num_kv_heads),
+        "head_dim": int(head_dim),
+        "dtype": dtype_name(dtype) if isinstance(dtype, torch.dtype) else str(dtype),
+        "page_size": int(page_size),
+        "tokenizer_hash": str(tokenizer_hash),
+        "model_id": model_id,
+        **extra,
+    }
+    if fp["dtype"] not in _DTYPES:
+        raise ValueError(f"unsupported KV dtype for snapshots: {fp['dtype']}")
+    return json.loads(json.dumps(fp))  # normalise to what a manifest round-trip gives
+
+
+def fingerprint_from_hf_config(
+    config: Mapping[str, Any], *, dtype: str | torch.dtype, page_size: int, tokenizer_hash: str,
+    model_id: str | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """model_fingerprint from a Hugging Face config.json dict (Llama-family key names)."""
+    heads = int(config["num_attention_heads"])
+    archs = config.get("architectures") or [config.get("model_type", "unknown")]
+    return model_fingerprint(
+        architecture=str(archs[0]),
+        num_layers=int(config["num_hidden_layers"]),
+        num_kv_heads=int(config.get("num_key_value_heads") or heads),
+        head_dim=int(config.get("head_dim") or int(config["hidden_size"]) // heads),
+        dtype=dtype, page_size=page_size, tokenizer_hash=tokenizer_hash, model_id=model_id,
+    )  # fmt: skip
+
+
+def fingerprint_difference(expected: Mapping[str, Any], actual: Any) -> str | None:
+    """None when equal, else a short description of the first difference (for the log)."""
+    if not isinstance(actual, dict):
+        return "fingerprint is not an object"
+    for key in sorted(set(expected) | set(actual)):
+        if expected.get(key) != actual.get(key):
+            return f"{key}: snapshot has {actual.get(key)!r}, this engine {expected.get(key)!r}"
+    return None
+
+
+def expected_kv_shape(fingerprint: Mapping[str, Any], n_tokens: int) -> list[int]:
+    return [fingerprint["num_layers"], 2, n_tokens, fingerprint["num_kv_heads"], fingerprint["head_dim"]]
+
+
+# --------------------------------------------------------------------------- selection
+
+_R = TypeVar("_R")
+
+
+def choose_records(records: Iterable[_R], max_tokens: int | None, *, tokens=None, pinned=None, hits=None) -> list[_R]:
+    """Pinned first, then most hits (stable: the caller's order breaks ties, so a caller that
+    orders by hits x recency keeps it), greedily within `max_tokens`; a prefix that does not
+    fit is skipped and smaller ones may still fit. Works on PrefixRecords or manifest entries."""
+    tokens = tokens or (lambda r: r.num_tokens)
+    pinned = pinned or (lambda r: r.pinned)
+    hits = hits or (lambda r: r.hits)
+    ordered = sorted(records, key=lambda r: (not pinned(r), -hits(r)))
+    if max_tokens is None:
+        return ordered
+    out, used = [], 0
+    for r in ordered:
+        if used + tokens(r) <= max_tokens:
+            out.append(r)
+            used += tokens(r)
+    return out
+
+
+# --------------------------------------------------------------------------- saving
+
+
+def _checksum(t: torch.Tensor) -> str:
+    return hashlib.sha256(t.contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
+
+
+def _fsync_path(path: Path, directory: bool = False) -> None:
+    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if directory else 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _safe_writer_id(writer_id: str) -> str:
+    cleaned = re.sub(r"[^A-Za-z0-9_.-]", "_", writer_id)[:64].strip(".") or "writer"
+    return cleaned
+
+
+def _check_record(fingerprint: Mapping[str, Any], r: PrefixRecord, i: int) -> None:
+    page = fingerprint["page_size"]
+    n = len(r.token_ids)
+    if n == 0 or n % page:
+        raise ValueError(f"record {i}: {n} tokens is not a positive multiple of the page size {page}")
+    if list(r.kv.shape) != expected_kv_shape(fingerprint, n):
+        raise ValueError(f"record {i}: kv shape {list(r.kv.shape)} != {expected_kv_shape(fingerprint, n)}")
+    if dtype_name(r.kv.dtype) != fingerprint["dtype"]:
+        raise ValueError(f"record {i}: kv dtype {r.kv.dtype} != fingerprint dtype {fingerprint['dtype']}")
+
+
+def save_snapshot(
+    root: str | os.PathLike,
+    fingerprint: Mapping[str, Any],
+    records: Sequence[PrefixRecord],
+    writer_id: str,
+    *,
+    keep: int = DEFAULT_KEEP,
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+) -> Path:
+    """Writes a snapshot atomically and returns its directory; then prunes all but the newest
+    `keep`. Raises ValueError for records that do not match the fingerprint (a caller bug) and
+    OSError when the filesystem fails; a failed write leaves no partial snapshot behind."""
+    fingerprint = json.loads(json.dumps(dict(fingerprint)))
+    for i, r in enumerate(records):
+        _check_record(fingerprint, r, i)
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    writer = _safe_writer_id(writer_id)
+    # Per-writer temp dir inside the root: same filesystem, so the final rename is atomic,
+    # and a unique name, so two pods writing at once never touch each other's files.
+    tmp = root / f".tmp-{writer}-{secrets.token_hex(4)}"
+    tmp.mkdir()
+    try:
+        entries, files = _write_tensor_files(tmp, records, fingerprint["page_size"], max_file_bytes)
+        created_ns = time.time_ns()
+        manifest = {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "fingerprint": fingerprint,
+            "created_at": created_ns / 1e9,
+            "writer_id": writer_id,
+            "files": files,
+            "prefixes": entries,
+        }
+        with open(tmp / MANIFEST, "w", encoding="utf-8") as f:
+            json.dump(manifest, f, separators=(",", ":"))
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync_path(tmp, directory=True)
+        final = root / f"snap-{created_ns:020d}-{writer}-{secrets.token_hex(4)}"
+        os.rename(tmp, final)
+        _fsync_path(root, directory=True)  # make the rename itself durable
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    tokens = sum(r.num_tokens for r in records)
+    log.info("snapshot saved: path=%s prefixes=%d tokens=%d", final, len(records), tokens)
+    try:
+        prune_snapshots(root, keep=keep)
+    except OSError as e:  # pruning is housekeeping; the snapshot is already safe
+        log.warning("snapshot pruning failed in %s: %s", root, e)
+    return final
+
+
+def _write_tensor_files(
+    tmp: Path, records: Sequence[PrefixRecord], page_size: int, max_file_bytes: int
+) -> tuple[list[dict], dict[str, dict]]:
+    entries: list[dict] = []
+    files: dict[str, dict] = {}
+    batch: dict[str, torch.Tensor] = {}
+    batch_bytes = 0
+
+    def flush() -> None:
+        nonlocal batch, batch_bytes
+        if not batch:
+            return
+        name = f"kv-{len(files):05d}.safetensors"
+        save_file(batch, str(tmp / name), metadata={"format": FORMAT})
+        _fsync_path(tmp / name)
+        files[name] = {"size": (tmp / name).stat().st_size}
+        batch, batch_bytes = {}, 0
+
+    for i, r in enumerate(records):
+        # A copy on the CPU: the pool's pages keep changing while we write.
+        kv = r.kv.detach().to("cpu", copy=True).contiguous()
+        nbytes = kv.numel() * kv.element_size()
+        if batch and batch_bytes + nbytes > max_file_bytes:
+            flush()
+        tensor = f"prefix.{i}"
+        batch[tensor] = kv
+        batch_bytes += nbytes
+        entries.append(
+            {
+                "token_ids": [int(t) for t in r.token_ids],
+                "num_tokens": len(r.token_ids),
+                "pages": len(r.token_ids) // page_size,
+                "hits": int(r.hits),
+                "pinned": bool(r.pinned),
+                "file": f"kv-{len(files):05d}.safetensors",
+                "tensor": tensor,
+                "shape": list(kv.shape),
+                "dtype": dtype_name(kv.dtype),
+                "sha256": _checksum(kv),
+            }
+        )
+    flush()
+    return entries, files
+
+
+# --------------------------------------------------------------------------- pruning
+
+
+def list_snapshots(root: str | os.PathLike) -> list[Path]:
+    """Complete snapshot directories (by name), newest first. Temp and trash dirs are skipped."""
+    root = Path(root)
+    try:
+        names = os.listdir(root)
+    except FileNotFoundError:
+        return []
+    found = [(int(m.group(1)), n) for n in names if (m := _SNAPSHOT_NAME.match(n))]
+    return [root / n for _, n in sorted(found, reverse=True)]
+
+
+def prune_snapshots(
+    root: str | os.PathLike, keep: int = DEFAULT_KEEP, *, stale_seconds: float = STALE_TEMP_SECONDS,
+    now: float | None = None,
+) -> list[Path]:  # fmt: skip
+    """Deletes all but the newest `keep` snapshots and temp dirs of writers that died; returns
+    what it removed. Safe to run from several pods at once: a snapshot is first renamed to a
+    trash name (atomic, so exactly one pruner wins and readers never list a half-deleted
+    snapshot), then removed. A temp dir younger than `stale_seconds` may be a live writer's."""
+    root = Path(root)
+    now = time.time() if now is None else now
+    removed: list[Path] = []
+    for old in list_snapshots(root)[max(keep, 1) :]:
+        trash = root / f".trash-{secrets.token_hex(6)}"
+        try:
+            os.rename(old, trash)
+        except FileNotFoundError:
+            continue  # another pod pruned it first
+        shutil.rmtree(trash, ignore_errors=True)
+        removed.append(old)
+    for name in os.listdir(root):
+        if not (name.startswith(".tmp-") or name.startswith(".trash-")):
+            continue
+        path = root / name
+        try:
+            if now - path.lstat().st_mtime > stale_seconds:
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(path)
+        except FileNotFoundError:
+            continue
+    return removed
+
+
+# --------------------------------------------------------------------------- loading
+
+
+class SnapshotRefused(Exception):
+    """A snapshot is not usable; `reason` is one of REJECT_REASONS."""
+
+    def __init__(self, reason: str, detail: str):
+        assert reason in REJECT_REASONS, reason
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+def load_latest_snapshot(
+    root: str | os.PathLike, fingerprint: Mapping[str, Any], max_tokens: int | None = None
+) -> LoadResult:
+    """Restores the newest snapshot that passes every check; older ones are not read once one
+    passes. Each refused snapshot is logged and listed in `rejected`. Never raises for
+    anything found on disk: no usable snapshot means `records == []` and a cold warmup."""
+    result = LoadResult()
+    try:
+        candidates = list_snapshots(root)
+    except OSError as e:  # e.g. the root is a file, or the volume is gone
+        result.rejected.append(_refusal(Path(root), SnapshotRefused("io_error", f"cannot list: {e}")))
+        return result
+    for path in candidates:
+        try:
+            records, manifest = read_snapshot(path, fingerprint, max_tokens)
+        except SnapshotRefused as refused:
+            result.rejected.append(_refusal(path, refused))
+            continue
+        result.records, result.path = records, path
+        result.created_at, result.writer_id = manifest.get("created_at"), manifest.get("writer_id")
+        log.info("snapshot restored: path=%s prefixes=%d tokens=%d", path, len(records), result.num_tokens)
+        break
+    return result
+
+
+def _refusal(path: Path, refused: SnapshotRefused) -> Rejection:
+    log.warning("snapshot refused: path=%s reason=%s detail=%s", path, refused.reason, refused.detail)
+    return Rejection(str(path), refused.reason, refused.detail)
+
+
+def read_snapshot(
+    path: str | os.PathLike, fingerprint: Mapping[str, Any], max_tokens: int | None = None
+) -> tuple[list[PrefixRecord], dict[str, Any]]:
+    """Reads and checks one snapshot directory: returns (records, manifest) or raises
+    SnapshotRefused. With `max_tokens`, only the chosen prefixes' tensors are read."""
+    path = Path(path)
+    try:
+        return _read_snapshot(path, json.loads(json.dumps(dict(fingerprint))), max_tokens)
+    except SnapshotRefused:
+        raise
+    except FileNotFoundError as e:  # deleted under us, e.g. pruned by another pod
+        raise SnapshotRefused("file_missing", f"disappeared while reading: {e}") from None
+    except OSError as e:
+        raise SnapshotRefused("io_error", str(e)) from None
+
+
+def _regular_file(path: Path, directory: Path, missing_reason: str) -> os.stat_result:
+    """lstat + the checks that keep a read inside the snapshot: no symlinks (they could point
+    anywhere, e.g. /dev/zero or another pod's files), no FIFOs (a read would block)."""
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        raise SnapshotRefused(missing_reason, f"{path.name} is missing") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise SnapshotRefused("unsafe_path", f"{path.name} is not a regular file")
+    if path.resolve().parent != directory.resolve():
+        raise SnapshotRefused("unsafe_path", f"{path.name} resolves outside the snapshot")
+    return st
+
+
+def _read_manifest(path: Path) -> dict[str, Any]:
+    st = path.lstat()
+    if not stat.S_ISDIR(st.st_mode):
+        raise SnapshotRefused("unsafe_path", "snapshot entry is not a directory (a symlink?)")
+    mst = _regular_file(path / MANIFEST, path, "manifest_missing")
+    if mst.st_size > MAX_MANIFEST_BYTES:
+        raise SnapshotRefused("manifest_invalid", f"manifest is {mst.st_size} bytes")
+    try:
+        manifest = json.loads((path / MANIFEST).read_bytes().decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise SnapshotRefused("manifest_unparsable", str(e)[:200]) from None
+    if not isinstance(manifest, dict):
+        raise SnapshotRefused("manifest_unparsable", "manifest is not a JSON object")
+    version = manifest.get("format_version")
+    if manifest.get("format") != FORMAT:
+        raise SnapshotRefused("manifest_invalid", f"format is {manifest.get('format')!r}, not {FORMAT!r}")
+    if version != FORMAT_VERSION or isinstance(version, bool):
+        raise SnapshotRefused("unknown_version", f"format_version {version!r}; this engine reads {FORMAT_VERSION}")
+    return manifest
+
+
+def _is_int(v: Any, lo: int = 0) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= lo
+
+
+def _check_entries(manifest: dict[str, Any], fp: dict[str, Any]) -> tuple[dict[str, int], list[dict]]:
+    """Structural and internal-consistency checks of a manifest, before any tensor is read."""
+    files, entries = manifest.get("files"), manifest.get("prefixes")
+    if not isinstance(files, dict) or not isinstance(entries, list):
+        raise SnapshotRefused("manifest_invalid", "'files' must be an object and 'prefixes' a list")
+    sizes: dict[str, int] = {}
+    for name, info in files.items():
+        if not _TENSOR_FILE.match(name):
+            raise SnapshotRefused("unsafe_path", f"file name {name!r} is not a plain .safetensors name")
+        if not isinstance(info, dict) or not _is_int(info.get("size")):
+            raise SnapshotRefused("manifest_invalid", f"files[{name!r}].size must be an integer")
+        sizes[name] = info["size"]
+    page, seen = fp["page_size"], set()
+    for i, e in enumerate(entries):
+        where = f"prefixes[{i}]"
+        if not isinstance(e, dict):
+            raise SnapshotRefused("manifest_invalid", f"{where} is not an object")
+        name = e.get("file")
+        if isinstance(name, str) and not _TENSOR_FILE.match(name):
+            raise SnapshotRefused("unsafe_path", f"{where}.file {name!r} is not a plain .safetensors name")
+        ids, n = e.get("token_ids"), e.get("num_tokens")
+        problem = None
+        if name not in sizes:
+            problem = f"file {name!r} is not listed in 'files'"
+        elif not isinstance(ids, list) or not all(_is_int(t) and t < 2**31 for t in ids):
+            problem = "token_ids must be a list of token ids"
+        elif not _is_int(n, 1) or n != len(ids) or n % page:
+            problem = f"num_tokens {n!r} must equal len(token_ids)={len(ids)} and be a multiple of {page}"
+        elif e.get("pages") != n // page:
+            problem = f"pages {e.get('pages')!r} != num_tokens / page_size = {n // page}"
+        elif e.get("shape") != expected_kv_shape(fp, n):
+            problem = f"shape {e.get('shape')!r} != {expected_kv_shape(fp, n)} for this model"
+        elif e.get("dtype") != fp["dtype"]:
+            problem = f"dtype {e.get('dtype')!r} != {fp['dtype']!r}"
+        elif not _is_int(e.get("hits")) or not isinstance(e.get("pinned"), bool):
+            problem = "hits must be a non-negative integer and pinned a boolean"
+        elif not isinstance(e.get("tensor"), str) or (name, e["tensor"]) in seen:
+            problem = "tensor must be a name, unique within its file"
+        elif not isinstance(e.get("sha256"), str) or not re.fullmatch(r"[0-9a-f]{64}", e["sha256"]):
+            problem = "sha256 must be 64 hex digits"
+        if problem:
+            raise SnapshotRefused("manifest_invalid", f"{where}: {problem}")
+        seen.add((name, e["tensor"]))
+    return sizes, entries
+
+
+def _read_snapshot(
+    path: Path, fp: dict[str, Any], max_tokens: int | None
+) -> tuple[list[PrefixRecord], dict[str, Any]]:
+    manifest = _read_manifest(path)
+    diff = fingerprint_difference(fp, manifest.get("fingerprint"))
+    if diff:
+        raise SnapshotRefused("fingerprint_mismatch", diff)
+    sizes, entries = _check_entries(manifest, fp)
+    chosen = choose_records(
+        entries, max_tokens, tokens=lambda e: e["num_tokens"], pinned=lambda e: e["pinned"], hits=lambda e: e["hits"]
+    )
+    by_file: dict[str, list[dict]] = {}
+    for e in chosen:
+        by_file.setdefault(e["file"], []).append(e)
+    loaded: dict[int, PrefixRecord] = {}
+    for name, file_entries in by_file.items():
+        file = path / name
+        st = _regular_file(file, path, "file_missing")
+        if st.st_size < sizes[name]:
+            raise SnapshotRefused("truncated", f"{name} is {st.st_size} bytes, manifest says {sizes[name]}")
+        if st.st_size > sizes[name]:
+            raise SnapshotRefused("size_mismatch", f"{name} is {st.st_size} bytes, manifest says {sizes[name]}")
+        for e, kv in _read_tensors(file, file_entries):
+            loaded[id(e)] = PrefixRecord([int(t) for t in e["token_ids"]], kv, e["hits"], e["pinned"])
+    return [loaded[id(e)] for e in chosen], manifest
+
+
+def _read_tensors(file: Path, entries: list[dict]) -> list[tuple[dict, torch.Tensor]]:
+    out = []
+    try:
+        with safe_open(str(file), framework="pt") as f:
+            names = set(f.keys())
+            for e in entries:
+                if e["tensor"] not in names:
+                    raise SnapshotRefused("size_mismatch", f"{file.name} has no tensor {e['tensor']!r}")
+                sl = f.get_slice(e["tensor"])
+                shape, dtype = list(sl.get_shape()), sl.get_dtype()
+                if shape != e["shape"] or dtype != _SAFETENSORS_DTYPES[e["dtype"]]:
+                    raise SnapshotRefused(
+                        "size_mismatch", f"{e['tensor']} is {dtype}{shape}, manifest says {e['dtype']}{e['shape']}"
+                    )
+                kv = f.get_tensor(e["tensor"])
+                if _checksum(kv) != e["sha256"]:
+                    raise SnapshotRefused("checksum_mismatch", f"{file.name}:{e['tensor']} does not match its sha256")
+                out.append((e, kv))
+    except SnapshotRefused:
+        raise
+    except OSError:
+        raise
+    except Exception as err:  # safetensors raises its own error type for a corrupt header
+        raise SnapshotRefused("unreadable", f"{file.name}: {err}"[:300]) from None
+    return out
