@@ -1,0 +1,459 @@
+"""The engine: requests in, tokens out, one scheduler step at a time.
+
+`Engine.step()` drains newly added and aborted requests, asks the planner
+(engine/scheduler.py) what runs, applies that plan to the KV pool and radix cache, runs one
+forward pass and sampling (engine/runner.py), and reports what moved. `add_request` and
+`abort_request` may be called from other threads; everything else runs on the stepping thread.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from preheat.engine.config import EngineConfig
+from preheat.engine.detokenizer import IncrementalDetokenizer
+from preheat.engine.kernels import attention
+from preheat.engine.kv.pool import KVPool, available_memory_bytes, pool_pages
+from preheat.engine.kv.radix import RadixCache
+from preheat.engine.model.llama import LlamaModel, RotaryEmbedding
+from preheat.engine.model.loader import fuse_weights, load_model
+from preheat.engine.model.spec import rope_inv_freq
+from preheat.engine.runner import BatchEntry, ModelRunner
+from preheat.engine.sampling_params import SamplingParams
+from preheat.engine.scheduler import SeqView, StepPlan, pages_for, plan_step
+from preheat.engine.sequence import RequestOutput, Sequence, Status, TokenLogprob
+
+log = logging.getLogger(__name__)
+
+DTYPE_NAMES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    kv_used_pages: int
+    kv_capacity_pages: int
+    kv_cached_pages: int
+    prompt_tokens_total: int
+    cached_tokens_total: int
+    generation_tokens_total: int
+    preemptions_total: int
+
+    @property
+    def kv_usage(self) -> float:
+        return self.kv_used_pages / max(1, self.kv_capacity_pages)
+
+    @property
+    def cache_hit_rate(self) -> float:
+        return self.cached_tokens_total / max(1, self.prompt_tokens_total)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda was asked for but CUDA is not available")
+    return device
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name != "auto":
+        return DTYPE_NAMES[name]
+    if device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        return torch.float16
+    return torch.bfloat16
+
+
+class Engine:
+    def __init__(self, config: EngineConfig | None = None, **overrides: Any) -> None:
+        config = config or EngineConfig(**overrides)
+        self.config = config
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.device)
+        started = time.monotonic()
+        loaded = load_model(config.model, self.dtype, config.weight_cache_dir)
+        self.hf_config = loaded.hf_config
+        self.model_config = loaded.spec
+        self.tokenizer = loaded.tokenizer
+        self.served_model_name = config.served_model_name or loaded.served_name
+        self.weights_from_cache = loaded.from_cache
+        spec = loaded.spec
+        weights = {k: v.to(self.device) for k, v in fuse_weights(spec, loaded.weights).items()}
+        inv_freq, scaling = rope_inv_freq(loaded.hf_config, spec.head_dim)
+        self.model = LlamaModel(spec, weights, RotaryEmbedding(inv_freq.to(self.device), scaling, self.dtype))
+        self.attention_backend = attention.set_backend(self.device)
+        self.load_seconds = time.monotonic() - started
+        log.info(
+            "model: %s (%s, %d layers, %d heads / %d KV heads, head_dim %d) on %s in %s, loaded in %.1fs",
+            self.served_model_name, spec.architecture, spec.num_layers, spec.num_heads,
+            spec.num_kv_heads, spec.head_dim, self.device, str(self.dtype).removeprefix("torch."),
+            self.load_seconds,
+        )
+
+        self.max_model_len = min(config.max_model_len or spec.max_position_embeddings, spec.max_position_embeddings)
+        self.kv_dtype = self.dtype
+        fraction = config.mem_fraction_static or (0.85 if self.device.type == "cuda" else 0.10)
+        num_pages = pool_pages(
+            spec.kv_bytes_per_token(self.kv_dtype),
+            available_memory_bytes(self.device),
+            fraction,
+            config.page_size,
+            config.max_total_tokens,
+        )
+        self.pool = KVPool(
+            spec.num_layers, spec.num_kv_heads, spec.head_dim, num_pages, config.page_size, self.kv_dtype, self.device
+        )
+        log.info(
+            "kv pool: %d tokens in %d pages of %d, %.2f GiB",
+            self.pool.capacity_pages * config.page_size, self.pool.capacity_pages, config.page_size,
+            self.pool.bytes / 2**30,
+        )
+        self.radix = RadixCache(self.pool) if config.enable_prefix_caching else None
+
+        self.grammar_backend: Any = None
+        grammar_masks = None
+        try:
+            from preheat.engine import structured
+
+            self.grammar_backend = structured.GrammarBackend(self.tokenizer, spec.vocab_size)
+            grammar_masks = structured.apply_grammar_masks
+        except ImportError as exc:  # structured output is optional for the core engine
+            log.warning("structured output unavailable: %s", exc)
+        self.runner = ModelRunner(self.model, self.pool, self.device, grammar_masks)
+
+        self.stop_token_ids = self._default_stop_ids()
+        self._rng = torch.Generator().manual_seed(config.seed)
+        self._ids = itertools.count()
+        self._inbox: list[Sequence] = []
+        self._aborts: set[str] = set()
+        self._lock = threading.Lock()
+        self.waiting: collections.deque[Sequence] = collections.deque()
+        self.running: list[Sequence] = []
+        self._admit_counter = itertools.count()
+        self._prompt_tokens = 0
+        self._cached_tokens = 0
+        self._generation_tokens = 0
+        self._preemptions = 0
+
+    # --- requests ----------------------------------------------------------------------
+    def _default_stop_ids(self) -> set[int]:
+        ids: set[int] = set()
+        if self.tokenizer.eos_token_id is not None:
+            ids.add(int(self.tokenizer.eos_token_id))
+        eos = getattr(self.hf_config, "eos_token_id", None)
+        if isinstance(eos, int):
+            ids.add(eos)
+        elif isinstance(eos, (list, tuple)):
+            ids.update(int(e) for e in eos)
+        return ids
+
+    def encode(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            return list(self.tokenizer.encode(prompt, add_special_tokens=True))
+        return [int(t) for t in prompt]
+
+    def add_request(
+        self, prompt: str | list[int], params: SamplingParams | None = None, request_id: str | None = None
+    ) -> str:
+        """Queues a request; raises ValueError with a clear message when it cannot run."""
+        params = params or SamplingParams()
+        params.validate()
+        token_ids = self.encode(prompt)
+        if not token_ids:
+            raise ValueError("the prompt is empty")
+        vocab = self.model_config.vocab_size
+        if min(token_ids) < 0 or max(token_ids) >= vocab:
+            raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        n = len(token_ids)
+        if n >= self.max_model_len:
+            raise ValueError(
+                f"the prompt has {n} tokens but the context length is {self.max_model_len}; "
+                "shorten the prompt"
+            )
+        if params.max_tokens is not None and n + params.max_tokens > self.max_model_len:
+            raise ValueError(
+                f"max_tokens {params.max_tokens} plus the prompt's {n} tokens exceeds the "
+                f"context length {self.max_model_len}"
+            )
+        limit = n + params.max_tokens if params.max_tokens is not None else self.max_model_len
+        capacity = self.pool.capacity_pages * self.pool.page_size
+        if pages_for(limit, self.pool.page_size) > self.pool.capacity_pages:
+            raise ValueError(f"the request needs up to {limit} tokens of KV but the pool holds {capacity}")
+        matcher = None
+        if params.structured is not None:
+            if self.grammar_backend is None:
+                raise ValueError("structured output is not available in this build")
+            compiled = self.grammar_backend.compile(params.structured)
+            matcher = self.grammar_backend.new_matcher(compiled)
+        seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, (1,), generator=self._rng))
+        generator = torch.Generator(device=self.device).manual_seed(seed)
+        stop_ids = set(params.stop_token_ids or [])
+        if not params.ignore_eos:
+            stop_ids |= self.stop_token_ids
+        request_id = request_id or f"req-{next(self._ids)}-{uuid.uuid4().hex[:8]}"
+        seq = Sequence(
+            request_id,
+            token_ids,
+            params,
+            generator,
+            IncrementalDetokenizer(self.tokenizer, list(params.stop or []), params.include_stop_str_in_output),
+            stop_ids,
+            limit,
+            matcher,
+        )
+        with self._lock:
+            self._inbox.append(seq)
+        return request_id
+
+    def abort_request(self, request_id: str) -> None:
+        with self._lock:
+            self._aborts.add(request_id)
+
+    def has_unfinished(self) -> bool:
+        with self._lock:
+            pending = bool(self._inbox or self._aborts)
+        return pending or bool(self.waiting or self.running)
+
+    def stats(self) -> EngineStats:
+        return EngineStats(
+            num_running=len(self.running),
+            num_waiting=len(self.waiting) + len(self._inbox),
+            kv_used_pages=self.pool.num_used_pages,
+            kv_capacity_pages=self.pool.capacity_pages,
+            kv_cached_pages=self.radix.total_pages if self.radix else 0,
+            prompt_tokens_total=self._prompt_tokens,
+            cached_tokens_total=self._cached_tokens,
+            generation_tokens_total=self._generation_tokens,
+            preemptions_total=self._preemptions,
+        )
+
+    # --- KV bookkeeping ------------------------------------------------------------------
+    def _alloc(self, n: int) -> list[int] | None:
+        pages = self.pool.alloc(n)
+        if pages is None and self.radix is not None:
+            self.radix.evict(n - self.pool.num_free_pages)
+            pages = self.pool.alloc(n)
+        return pages
+
+    def _cache_progress(self, seq: Sequence) -> None:
+        """Hands the sequence's fully computed pages to the radix tree so other requests
+        (and this one after a preemption) can reuse them."""
+        if self.radix is None:
+            return
+        ps = self.pool.page_size
+        full = seq.num_computed // ps
+        if full <= seq.num_shared:
+            return
+        tree_pages, node = self.radix.insert(seq.all_token_ids[: full * ps], seq.pages[:full])
+        duplicates = [seq.pages[i] for i in range(seq.num_shared, full) if tree_pages[i] != seq.pages[i]]
+        seq.pages[:full] = tree_pages
+        self.radix.lock(node)
+        if seq.node is not None:
+            self.radix.unlock(seq.node)
+        seq.node = node
+        seq.num_shared = full
+        if duplicates:
+            self.pool.free(duplicates)
+
+    def _release(self, seq: Sequence) -> None:
+        self._cache_progress(seq)
+        if seq.node is not None and self.radix is not None:
+            self.radix.unlock(seq.node)
+        private = seq.pages[seq.num_shared :]
+        if private:
+            self.pool.free(private)
+        seq.pages, seq.node, seq.num_shared, seq.num_computed = [], None, 0, 0
+
+    def _admit(self, seq: Sequence) -> None:
+        """Moves a waiting sequence to running with its cached prefix locked."""
+        tokens = seq.all_token_ids
+        if self.radix is not None:
+            match = self.radix.match_prefix(tokens[: len(tokens) - 1])
+            self.radix.lock(match.node)
+            seq.node, seq.pages = match.node, list(match.pages)
+            seq.num_shared, seq.num_computed = len(match.pages), match.length
+        if seq.cached_tokens is None:
+            seq.cached_tokens = seq.num_computed
+            self._prompt_tokens += len(seq.prompt_token_ids)
+            self._cached_tokens += seq.num_computed
+        seq.status = Status.RUNNING
+        seq.admit_order = next(self._admit_counter)
+
+    def _preempt(self, seq: Sequence) -> None:
+        self._release(seq)
+        seq.status = Status.WAITING
+        self.running.remove(seq)
+        self.waiting.appendleft(seq)
+        self._preemptions += 1
+
+    # --- the step ------------------------------------------------------------------------
+    def _drain_inbox(self) -> list[RequestOutput]:
+        with self._lock:
+            new, self._inbox = self._inbox, []
+            aborts, self._aborts = self._aborts, set()
+        self.waiting.extend(new)
+        outputs = []
+        if aborts:
+            for seq in [s for s in itertools.chain(self.running, self.waiting) if s.request_id in aborts]:
+                outputs.append(self._finish(seq, "abort"))
+        return outputs
+
+    def _finish(self, seq: Sequence, reason: str) -> RequestOutput:
+        if seq.status is Status.RUNNING:
+            self._release(seq)
+            self.running.remove(seq)
+        elif seq.status is Status.WAITING:
+            self.waiting.remove(seq)
+        seq.status = Status.FINISHED
+        seq.finish_reason = reason
+        return self._output(seq)
+
+    def _views(self) -> tuple[list[SeqView], list[SeqView]]:
+        running = [
+            SeqView(s.request_id, s.num_tokens, s.num_computed, len(s.pages), len(s.pages) - s.num_shared)
+            for s in self.running
+        ]
+        waiting = []
+        for s in self.waiting:
+            cached = 0
+            if self.radix is not None:
+                tokens = s.all_token_ids
+                cached = self.radix.match_prefix(tokens[: len(tokens) - 1], touch=False).length
+            waiting.append(SeqView(s.request_id, s.num_tokens, 0, 0, 0, cached))
+        return running, waiting
+
+    def plan(self) -> StepPlan:
+        running, waiting = self._views()
+        free = self.pool.num_free_pages + (self.radix.evictable_pages if self.radix else 0)
+        return plan_step(
+            running, waiting, free, self.pool.page_size, self.config.max_num_seqs, self.config.chunked_prefill_size
+        )
+
+    def step(self) -> list[RequestOutput]:
+        outputs = self._drain_inbox()
+        plan = self.plan()
+        by_id = {s.request_id: s for s in itertools.chain(self.running, self.waiting)}
+        for rid in plan.preempt:
+            self._preempt(by_id[rid])
+        for rid in plan.admit:
+            seq = by_id[rid]
+            self.waiting.remove(seq)
+            self._admit(seq)
+            self.running.append(seq)
+
+        decode: list[BatchEntry] = []
+        extend: list[BatchEntry] = []
+        ps = self.pool.page_size
+        for rid in plan.decode:
+            seq = by_id[rid]
+            if not self._grow(seq, seq.num_computed + 1):
+                self._preempt(seq)
+                continue
+            decode.append(BatchEntry(seq, seq.num_computed, 1, True))
+        for rid, n in plan.extend:
+            seq = by_id[rid]
+            n = min(n, seq.num_tokens - seq.num_computed)
+            if n <= 0 or not self._grow(seq, seq.num_computed + n):
+                if rid in plan.admit:  # could not get its pages after all: back in line
+                    self._release(seq)
+                    seq.status = Status.WAITING
+                    self.running.remove(seq)
+                    self.waiting.appendleft(seq)
+                continue
+            done = seq.num_computed + n == seq.num_tokens
+            extend.append(BatchEntry(seq, seq.num_computed, n, done))
+        if not decode and not extend:
+            self._fail_unrunnable(outputs)
+            return outputs
+
+        result = self.runner.run(decode, extend)
+        for entry in decode:
+            entry.seq.num_computed += 1
+        for entry in extend:
+            entry.seq.num_computed += entry.length
+            self._cache_progress(entry.seq)  # concurrent requests can share a prefix at once
+        if result is not None:
+            sampled = [e.seq for e in decode + extend if e.sample]
+            for i, seq in enumerate(sampled):
+                lp = None
+                if seq.logprobs is not None and result.logprobs is not None:
+                    lp = TokenLogprob(result.token_ids[i], result.logprobs[i], (result.top_logprobs or [[]])[i])
+                outputs.append(self._append_token(seq, result.token_ids[i], lp))
+        return outputs
+
+    def _grow(self, seq: Sequence, num_tokens: int) -> bool:
+        need = pages_for(num_tokens, self.pool.page_size) - len(seq.pages)
+        if need <= 0:
+            return True
+        pages = self._alloc(need)
+        if pages is None:
+            return False
+        seq.pages.extend(pages)
+        return True
+
+    def _fail_unrunnable(self, outputs: list[RequestOutput]) -> None:
+        """Nothing could be scheduled: if that is because nothing fits even in an empty
+        pool, fail the head request rather than spin forever."""
+        if self.running or not self.waiting:
+            return
+        evictable = self.radix.evictable_pages if self.radix else 0
+        if self.pool.num_free_pages + evictable >= self.pool.capacity_pages:
+            outputs.append(self._finish(self.waiting[0], "abort"))
+
+    def _append_token(self, seq: Sequence, token: int, lp: TokenLogprob | None) -> RequestOutput:
+        now = time.monotonic()
+        if seq.first_token_time is None:
+            seq.first_token_time = now
+        seq.output_token_ids.append(token)
+        self._generation_tokens += 1
+        if lp is not None and seq.logprobs is not None:
+            seq.logprobs.append(lp)
+        reason = None
+        if seq.matcher is not None:
+            accepted = seq.matcher.accept_token(token)
+            if not accepted or seq.matcher.is_terminated():
+                reason = "stop"
+        if token in seq.stop_token_ids:
+            reason = "stop"
+        else:
+            seq.detokenizer.add(token)
+            if seq.detokenizer.stopped:
+                reason = "stop"
+        if reason is None and seq.num_tokens >= seq.max_total_tokens:
+            reason = "length"
+        if reason is not None:
+            return self._finish(seq, reason)
+        return self._output(seq)
+
+    def _output(self, seq: Sequence) -> RequestOutput:
+        new_ids = seq.output_token_ids[seq.emitted_tokens :]
+        seq.emitted_tokens = len(seq.output_token_ids)
+        new_lps = None
+        if seq.logprobs is not None:
+            new_lps = seq.logprobs[seq.emitted_logprobs :]
+            seq.emitted_logprobs = len(seq.logprobs)
+        new_text = seq.detokenizer.take_new_text(seq.finished)
+        return RequestOutput(
+            request_id=seq.request_id,
+            prompt_token_ids=seq.prompt_token_ids,
+            token_ids=list(seq.output_token_ids),
+            new_token_ids=new_ids,
+            text=seq.detokenizer.text if seq.finished else seq.detokenizer.text[: seq.detokenizer.emitted],
+            new_text=new_text,
+            finished=seq.finished,
+            finish_reason=seq.finish_reason,
+            cached_tokens=seq.cached_tokens or 0,
+            logprobs=list(seq.logprobs) if seq.logprobs is not None else None,
+            new_logprobs=new_lps,
+        )

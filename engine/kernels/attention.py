@@ -1,0 +1,59 @@
+"""The one dispatch point for attention over the paged KV pool.
+
+The model calls only these three functions. Which implementation runs (the PyTorch
+reference on CPU, Triton kernels on CUDA) is chosen once per process by `set_backend`,
+which the runner calls with the device it runs on.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+import torch
+
+from preheat.engine.kernels import reference
+
+log = logging.getLogger(__name__)
+
+_impl: dict[str, Callable] = {
+    "write_kv": reference.write_kv,
+    "decode_attention": reference.decode_attention,
+    "extend_attention": reference.extend_attention,
+}
+backend_name = "torch"
+
+
+def set_backend(device: torch.device, prefer_triton: bool = True) -> str:
+    """Chooses the implementation for this process; returns its name."""
+    global backend_name
+    _impl.update(
+        write_kv=reference.write_kv,
+        decode_attention=reference.decode_attention,
+        extend_attention=reference.extend_attention,
+    )
+    backend_name = "torch"
+    if device.type == "cuda" and prefer_triton:
+        try:
+            from preheat.engine.kernels import triton_attention, triton_kv
+
+            _impl.update(
+                write_kv=triton_kv.write_kv,
+                decode_attention=triton_attention.decode_attention,
+            )
+            backend_name = "triton"
+        except Exception as exc:  # a missing or broken Triton must not stop serving
+            log.warning("Triton kernels unavailable (%s); using PyTorch attention", exc)
+    return backend_name
+
+
+def write_kv(k_cache, v_cache, k, v, slots) -> None:
+    _impl["write_kv"](k_cache, v_cache, k, v, slots)
+
+
+def decode_attention(q, k_cache, v_cache, page_table, seq_lens, scale) -> torch.Tensor:
+    return _impl["decode_attention"](q, k_cache, v_cache, page_table, seq_lens, scale)
+
+
+def extend_attention(q, k_cache, v_cache, page_table, prefix_lens, extend_lens, scale) -> torch.Tensor:
+    return _impl["extend_attention"](q, k_cache, v_cache, page_table, prefix_lens, extend_lens, scale)

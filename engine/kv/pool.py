@@ -1,0 +1,121 @@
+"""The paged KV pool: one tensor allocated at start-up, handed out page by page.
+
+Sizing follows the seed formula: kv_bytes_per_token = 2 x layers x kv_heads x head_dim x
+dtype_size, tokens = free_memory x mem_fraction / kv_bytes_per_token. After start-up no
+memory is allocated: pages are integers on a free list.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+
+log = logging.getLogger(__name__)
+
+SCRATCH_PAGE = 0  # never handed out: padding rows and masked slots write here
+
+
+class OutOfPages(RuntimeError):
+    pass
+
+
+class KVPool:
+    def __init__(
+        self,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        num_pages: int,
+        page_size: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        if num_pages < 2:
+            raise ValueError("the KV pool needs at least two pages (one is scratch)")
+        self.page_size = page_size
+        self.num_pages = num_pages
+        self.dtype = dtype
+        self.device = device
+        # zeros, not empty: masked attention multiplies unused slots by 0, and 0 * NaN is NaN.
+        self.kv = torch.zeros(
+            (num_layers, 2, num_pages, page_size, num_kv_heads, head_dim), dtype=dtype, device=device
+        )
+        # Lowest ids first so a fresh pool fills from the front (nicer locality).
+        self._free: list[int] = list(range(num_pages - 1, SCRATCH_PAGE, -1))
+        self._free_set = set(self._free)
+
+    def k(self, layer: int) -> torch.Tensor:
+        return self.kv[layer, 0]
+
+    def v(self, layer: int) -> torch.Tensor:
+        return self.kv[layer, 1]
+
+    @property
+    def capacity_pages(self) -> int:
+        return self.num_pages - 1
+
+    @property
+    def num_free_pages(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_used_pages(self) -> int:
+        return self.capacity_pages - len(self._free)
+
+    def alloc(self, n: int) -> list[int] | None:
+        """n pages, or None when fewer are free (the caller evicts or preempts)."""
+        if n > len(self._free):
+            return None
+        if n == 0:
+            return []
+        pages = self._free[-n:]
+        del self._free[-n:]
+        self._free_set.difference_update(pages)
+        return pages
+
+    def free(self, pages: list[int]) -> None:
+        for p in pages:
+            if p == SCRATCH_PAGE or p in self._free_set or not 0 < p < self.num_pages:
+                raise ValueError(f"double free or bad page id {p}")
+        self._free.extend(reversed(pages))
+        self._free_set.update(pages)
+
+    @property
+    def bytes(self) -> int:
+        return self.kv.numel() * self.kv.element_size()
+
+
+def available_memory_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        return int(free)
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"))
+
+
+def pool_pages(
+    kv_bytes_per_token: int,
+    free_memory: int,
+    mem_fraction: float,
+    page_size: int,
+    max_total_tokens: int | None,
+) -> int:
+    """Pages the pool gets (plus the scratch page), from the seed formula."""
+    tokens = int(free_memory * mem_fraction / kv_bytes_per_token)
+    if max_total_tokens is not None:
+        tokens = min(tokens, max_total_tokens)
+    pages = tokens // page_size
+    if pages < 1:
+        raise ValueError(
+            f"no room for a KV pool: {free_memory / 2**30:.2f} GiB free x {mem_fraction} "
+            f"holds {tokens} tokens at {kv_bytes_per_token} bytes each"
+        )
+    return pages + 1

@@ -1,0 +1,68 @@
+"""The offline Python entry, shaped like vLLM's `LLM` so users know it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence as Seq
+
+from preheat.engine.config import EngineConfig
+from preheat.engine.engine import Engine
+from preheat.engine.sampling_params import SamplingParams
+from preheat.engine.sequence import RequestOutput, TokenLogprob
+
+
+@dataclass
+class GenerationResult:
+    prompt_token_ids: list[int]
+    token_ids: list[int]  # generated tokens only
+    text: str
+    finish_reason: str | None
+    cached_tokens: int  # prompt tokens served from the prefix cache
+    logprobs: list[TokenLogprob] | None = None
+
+    @property
+    def outputs(self) -> list["GenerationResult"]:  # vLLM's RequestOutput.outputs[0] habit
+        return [self]
+
+
+class LLM:
+    def __init__(self, model: str | None = None, dtype: str = "auto", page_size: int = 16, **kwargs: Any) -> None:
+        self.engine = Engine(EngineConfig(model=model, dtype=dtype, page_size=page_size, **kwargs))
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    def generate(
+        self,
+        prompts: str | list[int] | Seq[str | list[int]],
+        params: SamplingParams | Seq[SamplingParams] | None = None,
+    ) -> list[GenerationResult]:
+        """One result per prompt, in order. A single string or a single list of token ids
+        counts as one prompt."""
+        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]  # type: ignore[list-item]
+        prompts = list(prompts)
+        if params is None or isinstance(params, SamplingParams):
+            params_list = [params or SamplingParams()] * len(prompts)
+        else:
+            params_list = list(params)
+            if len(params_list) != len(prompts):
+                raise ValueError("give one SamplingParams, or one per prompt")
+        ids = [self.engine.add_request(p, sp) for p, sp in zip(prompts, params_list)]
+        finals: dict[str, RequestOutput] = {}
+        while len(finals) < len(ids):
+            for out in self.engine.step():
+                if out.finished:
+                    finals[out.request_id] = out
+        return [
+            GenerationResult(
+                prompt_token_ids=finals[i].prompt_token_ids,
+                token_ids=finals[i].token_ids,
+                text=finals[i].text,
+                finish_reason=finals[i].finish_reason,
+                cached_tokens=finals[i].cached_tokens,
+                logprobs=finals[i].logprobs,
+            )
+            for i in ids
+        ]

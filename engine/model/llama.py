@@ -1,0 +1,133 @@
+"""Our forward pass for Llama-family causal LMs (Llama, Qwen2, Mistral shapes) over the
+paged KV pool.
+
+Tokens of all sequences in a step are laid back to back ("flat"): decode rows first (one
+token per sequence), then the new tokens of extending sequences. Linear layers run on all of
+them at once; only attention looks at which sequence a row belongs to. The numerics follow
+transformers' Llama (RMSNorm in float32, RoPE in float32 cast to the model dtype) so greedy
+output matches it token for token in float32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from preheat.engine.kernels import attention
+from preheat.engine.model.spec import ModelSpec
+
+
+@dataclass
+class AttentionMetadata:
+    """Where each row of a flat batch reads and writes KV."""
+
+    positions: torch.Tensor  # int64 [T]
+    slots: torch.Tensor  # int64 [T]
+    num_decode: int  # rows [0, num_decode) are decode tokens, one per sequence
+    decode_page_table: torch.Tensor | None  # int32 [num_decode, max_pages]
+    decode_seq_lens: torch.Tensor | None  # int32 [num_decode], including the new token
+    extend_page_table: torch.Tensor | None  # int32 [num_extend_seqs, max_pages]
+    extend_prefix_lens: list[int]
+    extend_lens: list[int]
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    dtype = x.dtype
+    x32 = x.to(torch.float32)
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class RotaryEmbedding:
+    """cos/sin per position, computed the way transformers does (float32, then cast)."""
+
+    def __init__(self, inv_freq: torch.Tensor, attention_scaling: float, dtype: torch.dtype) -> None:
+        self.inv_freq = inv_freq.to(torch.float32)
+        self.scaling = attention_scaling
+        self.dtype = dtype
+
+    def __call__(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions.to(torch.float32)[:, None] * self.inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos = (emb.cos() * self.scaling).to(self.dtype)
+        sin = (emb.sin() * self.scaling).to(self.dtype)
+        return cos[:, None, :], sin[:, None, :]  # broadcast over heads
+
+
+class LlamaModel:
+    """Holds weights as plain tensors (fused qkv and gate/up) and runs the forward pass."""
+
+    def __init__(self, spec: ModelSpec, weights: dict[str, torch.Tensor], rope: RotaryEmbedding) -> None:
+        self.spec = spec
+        self.rope = rope
+        self.embed = weights["embed"]
+        self.norm = weights["norm"]
+        self.lm_head = weights["lm_head"]
+        self.layers = [
+            {name: weights.get(f"layers.{i}.{name}") for name in _LAYER_TENSORS}
+            for i in range(spec.num_layers)
+        ]
+        self.scale = spec.head_dim**-0.5
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, meta: AttentionMetadata, kv_pool) -> torch.Tensor:
+        """Returns final hidden states [T, hidden] (after the last norm)."""
+        spec = self.spec
+        h = F.embedding(input_ids, self.embed)
+        cos, sin = self.rope(meta.positions)
+        q_size = spec.num_heads * spec.head_dim
+        kv_size = spec.num_kv_heads * spec.head_dim
+        nd = meta.num_decode
+        for index, w in enumerate(self.layers):
+            residual = h
+            x = rms_norm(h, w["input_norm"], spec.rms_norm_eps)
+            qkv = F.linear(x, w["qkv"], w["qkv_bias"])
+            q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+            q = q.view(-1, spec.num_heads, spec.head_dim)
+            k = k.view(-1, spec.num_kv_heads, spec.head_dim)
+            v = v.view(-1, spec.num_kv_heads, spec.head_dim)
+            q = q * cos + rotate_half(q) * sin
+            k = k * cos + rotate_half(k) * sin
+            k_cache, v_cache = kv_pool.k(index), kv_pool.v(index)
+            attention.write_kv(k_cache, v_cache, k, v, meta.slots)
+            if nd == q.shape[0]:
+                o = attention.decode_attention(
+                    q, k_cache, v_cache, meta.decode_page_table, meta.decode_seq_lens, self.scale
+                )
+            elif nd == 0:
+                o = attention.extend_attention(
+                    q, k_cache, v_cache, meta.extend_page_table,
+                    meta.extend_prefix_lens, meta.extend_lens, self.scale,
+                )
+            else:
+                o = torch.cat(
+                    (
+                        attention.decode_attention(
+                            q[:nd], k_cache, v_cache, meta.decode_page_table,
+                            meta.decode_seq_lens, self.scale,
+                        ),
+                        attention.extend_attention(
+                            q[nd:], k_cache, v_cache, meta.extend_page_table,
+                            meta.extend_prefix_lens, meta.extend_lens, self.scale,
+                        ),
+                    )
+                )
+            h = residual + F.linear(o.reshape(-1, q_size), w["o"])
+            residual = h
+            x = rms_norm(h, w["post_norm"], spec.rms_norm_eps)
+            gate, up = F.linear(x, w["gate_up"]).chunk(2, dim=-1)
+            h = residual + F.linear(F.silu(gate) * up, w["down"])
+        return rms_norm(h, self.norm, spec.rms_norm_eps)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return F.linear(hidden, self.lm_head).to(torch.float32)
+
+
+_LAYER_TENSORS = ("input_norm", "qkv", "qkv_bias", "o", "post_norm", "gate_up", "down")

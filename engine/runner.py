@@ -1,0 +1,98 @@
+"""Turns a scheduled batch into tensors, runs the model, samples.
+
+This is where the GPU path plugs in: a batch of decodes only (every row one token) goes
+through `decode_forward`, which on CUDA replays a captured graph for the padded batch size
+(engine/cuda_graph.py) and elsewhere runs eagerly.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from preheat.engine.kv.pool import KVPool
+from preheat.engine.model.llama import AttentionMetadata, LlamaModel
+from preheat.engine.sampling import SampleResult, sample
+from preheat.engine.sequence import Sequence
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class BatchEntry:
+    seq: Sequence
+    start: int  # first position computed this step
+    length: int  # tokens computed this step
+    sample: bool  # whether this entry's last token produces a new token
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaModel, pool: KVPool, device: torch.device, grammar_masks: Callable | None) -> None:
+        self.model = model
+        self.pool = pool
+        self.device = device
+        self.grammar_masks = grammar_masks
+        self.graph_runner = None  # set by the CUDA-graph path when it captures
+
+    def _page_table(self, seqs: list[Sequence]) -> torch.Tensor:
+        width = max(len(s.pages) for s in seqs)
+        table = torch.zeros((len(seqs), width), dtype=torch.int32)
+        for i, s in enumerate(seqs):
+            table[i, : len(s.pages)] = torch.tensor(s.pages, dtype=torch.int32)
+        return table.to(self.device)
+
+    def prepare(self, decode: list[BatchEntry], extend: list[BatchEntry]) -> tuple[torch.Tensor, AttentionMetadata]:
+        ps = self.pool.page_size
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        for entry in decode + extend:
+            tokens = entry.seq.all_token_ids
+            pages = entry.seq.pages
+            for pos in range(entry.start, entry.start + entry.length):
+                ids.append(tokens[pos])
+                positions.append(pos)
+                slots.append(pages[pos // ps] * ps + pos % ps)
+        dev = self.device
+        meta = AttentionMetadata(
+            positions=torch.tensor(positions, dtype=torch.int64, device=dev),
+            slots=torch.tensor(slots, dtype=torch.int64, device=dev),
+            num_decode=len(decode),
+            decode_page_table=self._page_table([e.seq for e in decode]) if decode else None,
+            decode_seq_lens=(
+                torch.tensor([e.start + 1 for e in decode], dtype=torch.int32, device=dev) if decode else None
+            ),
+            extend_page_table=self._page_table([e.seq for e in extend]) if extend else None,
+            extend_prefix_lens=[e.start for e in extend],
+            extend_lens=[e.length for e in extend],
+        )
+        return torch.tensor(ids, dtype=torch.int64, device=dev), meta
+
+    def decode_forward(self, input_ids: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        if self.graph_runner is not None and self.graph_runner.can_run(meta):
+            return self.graph_runner.replay(input_ids, meta)
+        return self.model.forward(input_ids, meta, self.pool)
+
+    @torch.inference_mode()
+    def run(self, decode: list[BatchEntry], extend: list[BatchEntry]) -> SampleResult | None:
+        input_ids, meta = self.prepare(decode, extend)
+        if not extend:
+            hidden = self.decode_forward(input_ids, meta)
+        else:
+            hidden = self.model.forward(input_ids, meta, self.pool)
+        # Only rows that end a sequence's known tokens produce a token.
+        rows: list[int] = []
+        offset = 0
+        sampled: list[Sequence] = []
+        for entry in decode + extend:
+            offset += entry.length
+            if entry.sample:
+                rows.append(offset - 1)
+                sampled.append(entry.seq)
+        if not rows:
+            return None
+        logits = self.model.logits(hidden[torch.tensor(rows, device=self.device)])
+        return sample(logits, sampled, self.grammar_masks)

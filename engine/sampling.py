@@ -1,0 +1,135 @@
+"""Batched sampling: penalties, grammar masks, temperature, top-k/top-p/min-p, seeds.
+
+All rows are processed together as tensors; the only per-row work is drawing each row's
+noise from its own generator, which is what makes a seeded request reproducible whatever
+else shares its batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol, Sequence
+
+import torch
+
+from preheat.engine.sampling_params import SamplingParams
+
+
+class SamplingRow(Protocol):
+    params: SamplingParams
+    generator: torch.Generator
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    matcher: Any  # grammar matcher or None
+
+
+@dataclass
+class SampleResult:
+    token_ids: list[int]
+    logprobs: list[float] | None  # chosen token's logprob per row, when any row asked
+    top_logprobs: list[list[tuple[int, float]]] | None
+
+
+def _padded(rows: Sequence[list[int]], fill: int, device: torch.device) -> torch.Tensor:
+    width = max((len(r) for r in rows), default=0) or 1
+    out = torch.full((len(rows), width), fill, dtype=torch.int64)
+    for i, r in enumerate(rows):
+        if r:
+            out[i, : len(r)] = torch.tensor(r, dtype=torch.int64)
+    return out.to(device)
+
+
+def apply_penalties(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> None:
+    """In place. Repetition penalty (HF style, over prompt and output) and OpenAI-style
+    frequency/presence penalties (over output)."""
+    batch, vocab = logits.shape
+    device = logits.device
+    rep = torch.tensor([r.params.repetition_penalty for r in rows], device=device, dtype=logits.dtype)
+    freq = torch.tensor([r.params.frequency_penalty for r in rows], device=device, dtype=logits.dtype)
+    pres = torch.tensor([r.params.presence_penalty for r in rows], device=device, dtype=logits.dtype)
+    out_ids = _padded([r.output_token_ids for r in rows], vocab, device)
+    counts = torch.zeros((batch, vocab + 1), device=device, dtype=logits.dtype)
+    counts.scatter_add_(1, out_ids, torch.ones_like(out_ids, dtype=logits.dtype))
+    counts = counts[:, :vocab]
+    if bool((rep != 1.0).any()):
+        seen_ids = _padded([r.prompt_token_ids + r.output_token_ids for r in rows], vocab, device)
+        seen = torch.zeros((batch, vocab + 1), device=device, dtype=torch.bool)
+        seen.scatter_(1, seen_ids, True)
+        seen = seen[:, :vocab]
+        penalised = torch.where(logits > 0, logits / rep[:, None], logits * rep[:, None])
+        logits.copy_(torch.where(seen, penalised, logits))
+    logits -= freq[:, None] * counts + pres[:, None] * (counts > 0).to(logits.dtype)
+
+
+def apply_top_k_top_p_min_p(
+    logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor
+) -> torch.Tensor:
+    """Masks (to -inf) tokens outside each row's top-k / nucleus / min-p set."""
+    vocab = logits.shape[1]
+    neg_inf = torch.finfo(logits.dtype).min
+    k = torch.where(top_k > 0, top_k.clamp(max=vocab), torch.full_like(top_k, vocab))
+    if bool((k < vocab).any()):
+        kth = torch.sort(logits, dim=-1, descending=True).values.gather(1, (k - 1)[:, None])
+        logits = logits.masked_fill(logits < kth, neg_inf)
+    if bool((top_p < 1).any()):
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        probs = sorted_logits.softmax(-1)
+        before = probs.cumsum(-1) - probs  # mass strictly above each token
+        drop_sorted = before > top_p[:, None]
+        drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
+        logits = logits.masked_fill(drop, neg_inf)
+    if bool((min_p > 0).any()):
+        probs = logits.softmax(-1)
+        threshold = probs.max(-1, keepdim=True).values * min_p[:, None]
+        logits = logits.masked_fill(probs < threshold, neg_inf)
+    return logits
+
+
+def sample(logits: torch.Tensor, rows: Sequence[SamplingRow], grammar_masks=None) -> SampleResult:
+    """logits [B, V] float32 (modified in place) -> one token per row."""
+    device = logits.device
+    params = [r.params for r in rows]
+    if any(p.needs_penalties for p in params):
+        apply_penalties(logits, rows)
+    if grammar_masks is not None and any(r.matcher is not None for r in rows):
+        grammar_masks(logits, [r.matcher for r in rows])
+
+    want_logprobs = any(p.logprobs is not None for p in params)
+    logprobs_all = logits.log_softmax(-1) if want_logprobs else None
+
+    greedy = torch.tensor([p.greedy for p in params], device=device)
+    chosen = logits.argmax(-1)
+    if not bool(greedy.all()):
+        temps = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params], device=device)
+        scaled = logits / temps[:, None]
+        scaled = apply_top_k_top_p_min_p(
+            scaled,
+            torch.tensor([p.top_k for p in params], device=device),
+            torch.tensor([p.top_p for p in params], device=device, dtype=scaled.dtype),
+            torch.tensor([p.min_p for p in params], device=device, dtype=scaled.dtype),
+        )
+        probs = scaled.softmax(-1)
+        # Exponential race (equivalent to sampling from probs): argmax(p / E), E ~ Exp(1),
+        # each row's E drawn from its own generator.
+        noise = torch.empty_like(probs)
+        for i, row in enumerate(rows):
+            if not params[i].greedy:
+                noise[i].exponential_(generator=row.generator)
+            else:
+                noise[i].fill_(1.0)
+        sampled = (probs / noise).argmax(-1)
+        chosen = torch.where(greedy, chosen, sampled)
+
+    token_ids = chosen.tolist()
+    if logprobs_all is None:
+        return SampleResult(token_ids, None, None)
+    chosen_lp = logprobs_all.gather(1, chosen[:, None]).squeeze(1).tolist()
+    max_top = max((p.logprobs or 0) for p in params)
+    tops: list[list[tuple[int, float]]] = [[] for _ in rows]
+    if max_top > 0:
+        values, indices = logprobs_all.topk(max_top, dim=-1)
+        values_l, indices_l = values.tolist(), indices.tolist()
+        for i, p in enumerate(params):
+            k = p.logprobs or 0
+            tops[i] = list(zip(indices_l[i][:k], values_l[i][:k]))
+    return SampleResult(token_ids, chosen_lp, tops)

@@ -1,0 +1,116 @@
+"""Which requests run in the next step: a pure function over small views of the state.
+
+One step runs a mixed batch: every running sequence that is decoding gets one token, and a
+budget of prompt tokens (`chunked_prefill_size`) goes first to sequences part-way through
+their prompt, then to waiting requests in arrival order. A long prompt is cut into chunks,
+so running decodes never wait for a whole prefill. When the pool cannot hold the decodes'
+next tokens, the most recently admitted sequences are preempted (their pages freed; they
+recompute later) rather than failing the step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class SeqView:
+    """What the planner needs to know about one sequence."""
+
+    seq_id: str
+    num_tokens: int  # prompt + output so far
+    num_computed: int  # tokens whose KV is in the pool
+    num_pages: int  # pages it holds
+    reclaimable_pages: int = 0  # pages that preempting it would give back
+    cached_len: int = 0  # waiting only: prompt tokens the prefix cache would serve
+
+
+@dataclass
+class StepPlan:
+    decode: list[str] = field(default_factory=list)
+    extend: list[tuple[str, int]] = field(default_factory=list)  # (seq id, new tokens)
+    admit: list[str] = field(default_factory=list)  # the extend entries that start now
+    preempt: list[str] = field(default_factory=list)
+    pages: dict[str, int] = field(default_factory=dict)  # pages each scheduled seq must get
+
+    @property
+    def empty(self) -> bool:
+        return not self.decode and not self.extend
+
+
+def pages_for(num_tokens: int, page_size: int) -> int:
+    return -(-num_tokens // page_size)
+
+
+def plan_step(
+    running: list[SeqView],
+    waiting: list[SeqView],
+    free_pages: int,
+    page_size: int,
+    max_num_seqs: int,
+    chunk_budget: int,
+) -> StepPlan:
+    """`running` in admission order (oldest first), `waiting` in arrival order.
+    `free_pages` counts free plus evictable cache pages."""
+    plan = StepPlan()
+    decoding = [s for s in running if s.num_computed == s.num_tokens - 1]
+    prefilling = [s for s in running if s.num_computed < s.num_tokens - 1]
+
+    # Decodes first: each needs a page when its next token starts a new one.
+    need = {s.seq_id: pages_for(s.num_computed + 1, page_size) - s.num_pages for s in decoding}
+    kept = list(running)
+    while sum(need[s.seq_id] for s in kept if s.seq_id in need) > free_pages and len(kept) > 1:
+        victim = kept.pop()  # newest admitted goes first: it has the least work to redo
+        plan.preempt.append(victim.seq_id)
+        free_pages += victim.reclaimable_pages
+        need.pop(victim.seq_id, None)
+    for s in decoding:
+        if s.seq_id in need:
+            plan.decode.append(s.seq_id)
+            plan.pages[s.seq_id] = need[s.seq_id]
+            free_pages -= need[s.seq_id]
+    if plan.preempt:
+        # A step that had to preempt admits nothing: the pool is under pressure.
+        kept_ids = {s.seq_id for s in kept}
+        prefilling = [s for s in prefilling if s.seq_id in kept_ids]
+        waiting = []
+    if free_pages < 0:  # one sequence alone exceeds the pool: nothing can run it
+        plan.decode.clear()
+        plan.pages.clear()
+        return plan
+
+    budget = chunk_budget
+    for s in prefilling:
+        if budget <= 0:
+            break
+        if s.seq_id in plan.preempt:
+            continue
+        n = min(s.num_tokens - s.num_computed, budget)
+        pages = pages_for(s.num_computed + n, page_size) - s.num_pages
+        if pages > free_pages:
+            n = (s.num_pages + free_pages) * page_size - s.num_computed
+            if n <= 0:
+                continue
+            pages = free_pages
+        plan.extend.append((s.seq_id, n))
+        plan.pages[s.seq_id] = pages
+        free_pages -= pages
+        budget -= n
+
+    active = len(running) - len(plan.preempt)
+    for s in waiting:
+        if budget <= 0 or active >= max_num_seqs:
+            break
+        start = s.cached_len
+        n = min(s.num_tokens - start, budget)
+        pages = pages_for(start + n, page_size) - pages_for(start, page_size)
+        # Leave a page per decoding sequence so admitting does not force a preemption next step.
+        if pages + len(plan.decode) > free_pages:
+            break  # first come, first served: later arrivals do not jump the queue
+        plan.extend.append((s.seq_id, n))
+        plan.admit.append(s.seq_id)
+        plan.pages[s.seq_id] = pages
+        free_pages -= pages
+        budget -= n
+        active += 1
+    return plan

@@ -1,0 +1,94 @@
+"""A request inside the engine: its tokens, its KV pages, its progress and its output."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from preheat.engine.detokenizer import IncrementalDetokenizer
+from preheat.engine.sampling_params import SamplingParams
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    new_token_ids: list[int]
+    text: str
+    new_text: str
+    finished: bool
+    finish_reason: str | None
+    cached_tokens: int
+    logprobs: list[TokenLogprob] | None = None
+    new_logprobs: list[TokenLogprob] | None = None
+
+
+class Sequence:
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        generator: torch.Generator,
+        detokenizer: IncrementalDetokenizer,
+        stop_token_ids: set[int],
+        max_total_tokens: int,
+        matcher: Any = None,
+    ) -> None:
+        self.request_id = request_id
+        self.prompt_token_ids = prompt_token_ids
+        self.output_token_ids: list[int] = []
+        self.params = params
+        self.generator = generator
+        self.detokenizer = detokenizer
+        self.stop_token_ids = stop_token_ids
+        self.max_total_tokens = max_total_tokens  # prompt + output may not exceed this
+        self.matcher = matcher
+        self.status = Status.WAITING
+        self.finish_reason: str | None = None
+        self.arrival = time.monotonic()
+        self.first_token_time: float | None = None
+        self.admit_order = 0
+        # KV state: pages[:num_shared] belong to the radix tree (locked through `node`).
+        self.pages: list[int] = []
+        self.num_shared = 0
+        self.node: Any = None
+        self.num_computed = 0
+        self.cached_tokens: int | None = None  # prompt tokens served from cache, first admission
+        self.logprobs: list[TokenLogprob] | None = [] if params.logprobs is not None else None
+        self.emitted_tokens = 0
+        self.emitted_logprobs = 0
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def in_decode(self) -> bool:
+        return self.num_computed == self.num_tokens - 1
+
+    @property
+    def finished(self) -> bool:
+        return self.status is Status.FINISHED
