@@ -1,0 +1,63 @@
+"""The operator's settings: one dataclass, parsed from `preheat operator` flags and env."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    namespaces: tuple[str, ...] = ()  # empty with all_namespaces False = the pod's namespace
+    all_namespaces: bool = False
+    peering: str | None = None  # kopf peering name: leader election between replicas
+    standalone: bool = False
+    resync_seconds: float = 30.0  # level-triggered: every service is reconciled this often
+    liveness: str | None = None  # e.g. http://0.0.0.0:8080/healthz
+    log_level: str = "info"
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+def _env(name: str, default: str | None = None) -> str | None:
+    return os.environ.get(f"PREHEAT_OPERATOR_{name}", default)
+
+
+def parse_args(argv: list[str]) -> OperatorConfig:
+    p = argparse.ArgumentParser(
+        prog="preheat operator",
+        description="Run the Kubernetes operator that reconciles InferenceService resources "
+                    "into warm engine pods. Every flag also reads PREHEAT_OPERATOR_<FLAG>.")
+    scope = p.add_mutually_exclusive_group()
+    scope.add_argument("-n", "--namespace", action="append", default=None,
+                       help="Namespace to watch (repeatable; globs allowed).")
+    scope.add_argument("-A", "--all-namespaces", action="store_true",
+                       default=_env("ALL_NAMESPACES", "") in ("1", "true"),
+                       help="Watch every namespace (needs the cluster-wide role).")
+    peer = p.add_mutually_exclusive_group()
+    peer.add_argument("--peering", default=_env("PEERING"),
+                      help="kopf peering name: replicas elect one active operator.")
+    peer.add_argument("--standalone", action="store_true",
+                      default=_env("STANDALONE", "") in ("1", "true"),
+                      help="Run without peering (a single replica).")
+    p.add_argument("--resync-seconds", type=float, default=float(_env("RESYNC_SECONDS", "30")),
+                   help="Re-reconcile every service at least this often.")
+    p.add_argument("--liveness", default=_env("LIVENESS"),
+                   help="Liveness endpoint, e.g. http://0.0.0.0:8080/healthz.")
+    p.add_argument("--log-level", default=_env("LOG_LEVEL", "info"),
+                   choices=("debug", "info", "warning", "error"))
+    a = p.parse_args(argv)
+    namespaces = tuple(a.namespace or ([_env("NAMESPACE")] if _env("NAMESPACE") else []))
+    if not namespaces and not a.all_namespaces:
+        # In a pod, default to its own namespace (downward API or the service account).
+        own = os.environ.get("POD_NAMESPACE")
+        sa = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+        if not own and os.path.exists(sa):
+            own = open(sa).read().strip()
+        namespaces = (own or "default",)
+    if a.resync_seconds <= 0:
+        p.error("--resync-seconds must be positive")
+    return OperatorConfig(namespaces=namespaces, all_namespaces=a.all_namespaces,
+                          peering=a.peering, standalone=a.standalone or not a.peering,
+                          resync_seconds=a.resync_seconds, liveness=a.liveness,
+                          log_level=a.log_level)

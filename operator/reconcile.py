@@ -1,0 +1,167 @@
+"""One reconcile pass for one InferenceService: observe, decide (pure), act, report.
+
+This is the thin, effectful shell around decide.desired_state() and status.compute().
+It is safe to run at any time and any number of times: every step compares what exists
+with what should, and only writes the difference.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import secrets
+from typing import Any, Callable, Mapping
+
+from preheat.operator import render
+from preheat.operator.decide import (
+    Action, CreatePod, DeletePod, Relabel, SetWarmGate, Target, desired_state,
+)
+from preheat.operator.kube import STRATEGIC, ApiError, Kube
+from preheat.operator.pods import view
+from preheat.operator.resources import (
+    CONFIGMAPS, HPAS, INFERENCE_SERVICES, LABEL_ROLE, LABEL_SERVICE, PODS, PVCS, SERVICES,
+    WARM_CONDITION,
+)
+from preheat.operator.spec import ServiceSpec, SpecError, parse_spec
+from preheat.operator.status import Observation, compute
+
+# (body, type, reason, message) -> None; kopf.event in the operator, a list in tests.
+EventSink = Callable[[Mapping[str, Any], str, str, str], None]
+
+_EVENT_TEXT = {
+    "Promoted": "promoted warm pod {pod} to serving",
+    "Demoted": "demoted serving pod {pod} into the warm pool",
+    "Adopted": "moved pod {pod} with an unknown role into the warm pool",
+    "Replaced": "deleted dead pod {pod}; a replacement follows",
+    "ScaledDown": "deleted serving pod {pod}: replicas lowered and the warm pool is full",
+    "PoolShrunk": "deleted warm pod {pod}: the warm pool is above its size",
+    "RolledOut": "deleted outdated pod {pod}: its replacement is warm",
+}
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _owned(obj: Mapping[str, Any], uid: str) -> bool:
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return any(r.get("uid") == uid for r in refs)
+
+
+async def _ensure_service(kube: Kube, name: str, ns: str, uid: str) -> None:
+    want = render.service(name, ns, uid)
+    have = await kube.get(SERVICES, ns, name)
+    if have is None:
+        await kube.create(SERVICES, ns, want)
+        return
+    ports = lambda s: [(p.get("name"), p.get("port"), p.get("targetPort"))  # noqa: E731
+                       for p in (s.get("spec") or {}).get("ports") or []]
+    if (have.get("spec") or {}).get("selector") != want["spec"]["selector"] or \
+            ports(have) != ports(want):
+        await kube.patch(SERVICES, ns, name, {"spec": {"selector": want["spec"]["selector"],
+                                                       "ports": want["spec"]["ports"]}})
+
+
+async def _ensure_snapshot_claim(kube: Kube, name: str, ns: str, uid: str,
+                                 spec: ServiceSpec) -> str | None:
+    if not spec.snapshot.enabled:
+        return None  # an existing claim is kept: it holds data and is owned for cleanup
+    claim = await kube.get(PVCS, ns, render.snapshot_claim_name(name))
+    if claim is None:
+        claim = await kube.create(PVCS, ns, render.snapshot_claim(name, ns, uid, spec))
+    return (claim.get("status") or {}).get("phase")
+
+
+async def _ensure_autoscaler(kube: Kube, name: str, ns: str, uid: str, spec: ServiceSpec) -> None:
+    want = render.autoscaler(name, ns, uid, spec)
+    have = await kube.get(HPAS, ns, name)
+    if want is None:
+        if have is not None and _owned(have, uid):
+            await kube.delete(HPAS, ns, name)
+    elif have is None:
+        await kube.create(HPAS, ns, want)
+    elif {k: (have.get("spec") or {}).get(k) for k in want["spec"]} != want["spec"]:
+        await kube.patch(HPAS, ns, name, {"spec": want["spec"]})
+
+
+async def _apply(kube: Kube, body: Mapping[str, Any], spec: ServiceSpec, action: Action,
+                 events: EventSink) -> None:
+    meta = body["metadata"]
+    name, ns, uid = meta["name"], meta["namespace"], meta["uid"]
+    if isinstance(action, CreatePod):
+        pod_name = f"{name}-{secrets.token_hex(3)}"
+        await kube.create(PODS, ns, render.pod(name, ns, uid, spec, pod_name, action.role))
+        events(body, "Normal", "Created", f"created {action.role} pod {pod_name} ({action.reason})")
+    elif isinstance(action, Relabel):
+        await kube.patch(PODS, ns, action.pod, {"metadata": {"labels": {LABEL_ROLE: action.role}}})
+        events(body, "Normal", action.reason, _EVENT_TEXT[action.reason].format(pod=action.pod))
+    elif isinstance(action, DeletePod):
+        await kube.delete(PODS, ns, action.pod)
+        events(body, "Normal", action.reason, _EVENT_TEXT[action.reason].format(pod=action.pod))
+    elif isinstance(action, SetWarmGate):
+        # Strategic merge: conditions merge by type, so the kubelet's own are left alone.
+        condition = {"type": WARM_CONDITION, "status": "True" if action.warm else "False",
+                     "lastTransitionTime": _now(),
+                     "reason": "EngineWarm" if action.warm else "EngineNotWarm"}
+        await kube.patch(PODS, ns, action.pod, {"status": {"conditions": [condition]}},
+                         subresource="status", content_type=STRATEGIC)
+
+
+async def reconcile(kube: Kube, namespace: str, name: str, events: EventSink,
+                    logger: logging.Logger | logging.LoggerAdapter = logging.getLogger(__name__),
+                    ) -> dict[str, Any] | None:
+    """Reconcile once; returns the status written (None if the resource is gone)."""
+    body = await kube.get(INFERENCE_SERVICES, namespace, name)
+    if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
+        return None  # owner references cascade the children away
+    meta = body["metadata"]
+    uid = meta["uid"]
+    degraded: tuple[str, str] | None = None
+    spec: ServiceSpec | None = None
+    try:
+        spec = parse_spec(body.get("spec") or {})
+    except SpecError as e:
+        degraded = (e.reason, e.message)
+
+    def owned_pods(raw: list[dict[str, Any]]):
+        return tuple(view(p) for p in raw if _owned(p, uid))
+
+    pods = owned_pods(await kube.list(PODS, namespace, {LABEL_SERVICE: name}))
+    snapshot_phase = None
+    template_hash = ""
+    if spec is not None:
+        template_hash = render.template_hash(render.pod_spec(name, spec))
+        await _ensure_service(kube, name, namespace, uid)
+        snapshot_phase = await _ensure_snapshot_claim(kube, name, namespace, uid, spec)
+        await _ensure_autoscaler(kube, name, namespace, uid, spec)
+        if spec.warmup_templates and \
+                await kube.get(CONFIGMAPS, namespace, spec.warmup_templates) is None:
+            degraded = ("WarmupTemplatesNotFound",
+                        f"ConfigMap {spec.warmup_templates!r} not found; no new pods until it exists")
+        target = Target(spec.replicas, spec.warm_pool_size, template_hash,
+                        allow_create=degraded is None)
+        actions = desired_state(target, list(pods))
+        for action in actions:
+            try:
+                await _apply(kube, body, spec, action, events)
+            except ApiError as e:
+                # A conflict or a vanished pod: the next pass sees the new world and retries.
+                logger.warning(f"{action} failed: {e}")
+        if actions:
+            pods = owned_pods(await kube.list(PODS, namespace, {LABEL_SERVICE: name}))
+
+    obs = Observation(
+        replicas=spec.replicas if spec else int((body.get("spec") or {}).get("replicas") or 0),
+        warm_pool=spec.warm_pool_size if spec else 0,
+        template_hash=template_hash, pods=pods,
+        snapshot_enabled=bool(spec and spec.snapshot.enabled), snapshot_phase=snapshot_phase,
+        degraded=degraded, generation=meta.get("generation"),
+    )
+    previous = body.get("status") or {}
+    status = compute(obs, render.selector_string(name), previous, _now())
+    if any(previous.get(k) != v for k, v in status.items()):
+        await kube.patch(INFERENCE_SERVICES, namespace, name, {"status": status},
+                         subresource="status")
+        if degraded and (previous.get("phase") != "Degraded"):
+            events(body, "Warning", degraded[0], degraded[1])
+    return status

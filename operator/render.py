@@ -1,0 +1,232 @@
+"""Pure functions from an InferenceService to the manifests of its children.
+
+Nothing here talks to the API. The pod template hash is computed over the rendered pod
+spec, so any spec change that alters what a pod runs (image, args, model, probes, ...) is
+a new hash and the reconciler rolls pods; replicas and warm-pool size do not alter it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from typing import Any
+
+from preheat.operator.resources import (
+    API_VERSION, KIND, LABEL_ROLE, LABEL_SERVICE, LABEL_TEMPLATE_HASH, ROLE_SERVING,
+    WARM_CONDITION,
+)
+from preheat.operator.spec import ServiceSpec
+
+ENGINE_PORT = 8000  # DESIGN.md contract
+TEMPLATES_DIR = "/etc/preheat/warmup-templates"
+SNAPSHOT_DIR = "/var/lib/preheat/snapshots"
+MODEL_DIR = "/models"
+CACHE_DIR = "/var/cache/preheat"
+RUN_AS = 1000
+SNAPSHOT_FLUSH_RESERVE_S = 15  # of the grace period, kept for persisting the snapshot
+
+
+def owner_reference(name: str, uid: str) -> dict[str, Any]:
+    return {
+        "apiVersion": API_VERSION, "kind": KIND, "name": name, "uid": uid,
+        "controller": True, "blockOwnerDeletion": True,
+    }
+
+
+def selector_labels(name: str) -> dict[str, str]:
+    return {LABEL_SERVICE: name, LABEL_ROLE: ROLE_SERVING}
+
+
+def selector_string(name: str) -> str:
+    """The scale subresource's label selector: what an HPA reads to find serving pods."""
+    return ",".join(f"{k}={v}" for k, v in sorted(selector_labels(name).items()))
+
+
+def snapshot_claim_name(name: str) -> str:
+    return f"{name}-snapshots"
+
+
+def _engine_env(name: str, spec: ServiceSpec) -> list[dict[str, Any]]:
+    model = spec.model
+    if model.pvc:
+        model_ref = f"{MODEL_DIR}/{(model.path or '').lstrip('/')}".rstrip("/")
+    else:
+        model_ref = model.uri or model.path or ""
+    grace = spec.readiness.termination_grace_period_seconds
+    env: dict[str, str] = {
+        "PREHEAT_MODEL": model_ref,
+        "PREHEAT_SERVED_MODEL_NAME": model.served_name or name,
+        "PREHEAT_PORT": str(ENGINE_PORT),
+        # In-flight requests get the grace period less what the snapshot flush needs.
+        "PREHEAT_SHUTDOWN_TIMEOUT": str(max(1, grace - SNAPSHOT_FLUSH_RESERVE_S)),
+        "PREHEAT_WEIGHT_CACHE_DIR": f"{CACHE_DIR}/weights",
+        # The root filesystem is read-only: everything that writes goes to mounted dirs.
+        "HOME": "/tmp",
+        "XDG_CACHE_HOME": CACHE_DIR,
+    }
+    if spec.warmup_templates:
+        env["PREHEAT_WARMUP_TEMPLATES"] = TEMPLATES_DIR
+    if spec.snapshot.enabled:
+        env["PREHEAT_SNAPSHOT_DIR"] = SNAPSHOT_DIR
+        env["PREHEAT_SNAPSHOT_INTERVAL"] = str(spec.snapshot.interval_seconds)
+    ours = [{"name": k, "value": v} for k, v in env.items()]
+    # User env comes last so it can override ours (e.g. PREHEAT_LOG_LEVEL, PREHEAT_DTYPE).
+    user_names = {e.get("name") for e in spec.engine.env}
+    return [e for e in ours if e["name"] not in user_names] + [dict(e) for e in spec.engine.env]
+
+
+def _volumes(name: str, spec: ServiceSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    volumes: list[dict[str, Any]] = [
+        {"name": "tmp", "emptyDir": {}},
+        {"name": "cache", "emptyDir": {}},
+        {"name": "dshm", "emptyDir": {"medium": "Memory"}},  # torch shared memory
+    ]
+    mounts: list[dict[str, Any]] = [
+        {"name": "tmp", "mountPath": "/tmp"},
+        {"name": "cache", "mountPath": CACHE_DIR},
+        {"name": "dshm", "mountPath": "/dev/shm"},
+    ]
+    if spec.warmup_templates:
+        volumes.append({"name": "warmup-templates", "configMap": {"name": spec.warmup_templates}})
+        mounts.append({"name": "warmup-templates", "mountPath": TEMPLATES_DIR, "readOnly": True})
+    if spec.snapshot.enabled:
+        volumes.append({"name": "snapshots",
+                        "persistentVolumeClaim": {"claimName": snapshot_claim_name(name)}})
+        mounts.append({"name": "snapshots", "mountPath": SNAPSHOT_DIR})
+    if spec.model.pvc:
+        volumes.append({"name": "model",
+                        "persistentVolumeClaim": {"claimName": spec.model.pvc, "readOnly": True}})
+        mounts.append({"name": "model", "mountPath": MODEL_DIR, "readOnly": True})
+    return volumes, mounts
+
+
+def pod_spec(name: str, spec: ServiceSpec) -> dict[str, Any]:
+    volumes, mounts = _volumes(name, spec)
+    r = spec.readiness
+    http = lambda path: {"path": path, "port": "http"}  # noqa: E731
+    container: dict[str, Any] = {
+        "name": "engine",
+        "image": spec.engine.image,
+        "command": ["preheat", "serve"],
+        "args": list(spec.engine.args),
+        "env": _engine_env(name, spec),
+        "ports": [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"}],
+        "volumeMounts": mounts,
+        # Model load can take many minutes; liveness only starts once /health answers.
+        "startupProbe": {"httpGet": http("/health"), "periodSeconds": 10,
+                         "failureThreshold": max(1, math.ceil(r.startup_timeout_seconds / 10))},
+        "livenessProbe": {"httpGet": http("/health"), "periodSeconds": 10, "failureThreshold": 3},
+        # /ready is 200 only when loaded, restored and warmed (DESIGN.md contract).
+        "readinessProbe": {"httpGet": http("/ready"), "periodSeconds": r.period_seconds,
+                           "failureThreshold": r.failure_threshold},
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+    }
+    if spec.engine.image_pull_policy:
+        container["imagePullPolicy"] = spec.engine.image_pull_policy
+    if spec.engine.resources:
+        container["resources"] = spec.engine.resources
+    out: dict[str, Any] = {
+        "containers": [container],
+        "volumes": volumes,
+        "restartPolicy": "Always",
+        "terminationGracePeriodSeconds": r.termination_grace_period_seconds,
+        "readinessGates": [{"conditionType": WARM_CONDITION}],
+        "enableServiceLinks": False,
+        "securityContext": {
+            "runAsNonRoot": True, "runAsUser": RUN_AS, "runAsGroup": RUN_AS, "fsGroup": RUN_AS,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+    }
+    if spec.engine.node_selector:
+        out["nodeSelector"] = spec.engine.node_selector
+    if spec.engine.tolerations:
+        out["tolerations"] = [dict(t) for t in spec.engine.tolerations]
+    return out
+
+
+def template_hash(pod: dict[str, Any]) -> str:
+    blob = json.dumps(pod, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()[:10]
+
+
+def pod(name: str, namespace: str, uid: str, spec: ServiceSpec, pod_name: str, role: str,
+        ) -> dict[str, Any]:
+    body = pod_spec(name, spec)
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": pod_name,
+            "namespace": namespace,
+            "labels": {LABEL_SERVICE: name, LABEL_ROLE: role,
+                       LABEL_TEMPLATE_HASH: template_hash(body)},
+            "ownerReferences": [owner_reference(name, uid)],
+        },
+        "spec": body,
+    }
+
+
+def service(name: str, namespace: str, uid: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name, "namespace": namespace,
+                     "labels": {LABEL_SERVICE: name},
+                     "ownerReferences": [owner_reference(name, uid)]},
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector_labels(name),
+            "ports": [{"name": "http", "port": ENGINE_PORT, "targetPort": "http",
+                       "protocol": "TCP"}],
+        },
+    }
+
+
+def snapshot_claim(name: str, namespace: str, uid: str, spec: ServiceSpec) -> dict[str, Any]:
+    pvc_spec: dict[str, Any] = {
+        "accessModes": [spec.snapshot.access_mode],
+        "resources": {"requests": {"storage": spec.snapshot.size}},
+    }
+    if spec.snapshot.storage_class:
+        pvc_spec["storageClassName"] = spec.snapshot.storage_class
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": snapshot_claim_name(name), "namespace": namespace,
+                     "labels": {LABEL_SERVICE: name},
+                     "ownerReferences": [owner_reference(name, uid)]},
+        "spec": pvc_spec,
+    }
+
+
+def autoscaler(name: str, namespace: str, uid: str, spec: ServiceSpec) -> dict[str, Any] | None:
+    auto = spec.autoscaling
+    if auto is None:
+        return None
+    m = auto.metric
+    if m.type == "Resource":
+        metric = {"type": "Resource", "resource": {"name": m.name, "target": {
+            "type": "Utilization", "averageUtilization": m.target_average_utilization}}}
+    else:
+        metric = {"type": "Pods", "pods": {"metric": {"name": m.name}, "target": {
+            "type": "AverageValue", "averageValue": m.target_average_value}}}
+    return {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": {"name": name, "namespace": namespace,
+                     "labels": {LABEL_SERVICE: name},
+                     "ownerReferences": [owner_reference(name, uid)]},
+        "spec": {
+            # The HPA drives spec.replicas through the CRD's scale subresource.
+            "scaleTargetRef": {"apiVersion": API_VERSION, "kind": KIND, "name": name},
+            "minReplicas": auto.min_replicas,
+            "maxReplicas": auto.max_replicas,
+            "metrics": [metric],
+        },
+    }

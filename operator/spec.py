@@ -1,0 +1,164 @@
+"""An InferenceService's spec as a typed value, with the same defaults as the CRD schema.
+
+The API server applies the schema's defaults, but the operator must not depend on that
+(older objects, tests, a CRD installed without defaults), so parsing defaults again here.
+Anything the schema cannot express is checked here and raised as SpecError, which the
+reconciler reports as a Degraded condition instead of crashing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+
+class SpecError(ValueError):
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    path: str | None = None  # a path inside the image, or inside the PVC when pvc is set
+    pvc: str | None = None  # claim name holding the weights (mounted read-only)
+    uri: str | None = None  # handed to the engine verbatim
+    served_name: str | None = None
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    image: str
+    image_pull_policy: str | None = None
+    args: tuple[str, ...] = ()
+    env: tuple[dict[str, Any], ...] = ()
+    resources: dict[str, Any] = field(default_factory=dict)
+    node_selector: dict[str, str] = field(default_factory=dict)
+    tolerations: tuple[dict[str, Any], ...] = ()
+
+
+@dataclass(frozen=True)
+class SnapshotSpec:
+    enabled: bool = True
+    storage_class: str | None = None
+    size: str = "10Gi"
+    access_mode: str = "ReadWriteMany"
+    interval_seconds: int = 300
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    type: str  # "Resource" or "Pods"
+    name: str
+    target_average_utilization: int | None = None
+    target_average_value: str | None = None
+
+
+@dataclass(frozen=True)
+class AutoscalingSpec:
+    min_replicas: int
+    max_replicas: int
+    metric: MetricSpec
+
+
+@dataclass(frozen=True)
+class ReadinessSpec:
+    startup_timeout_seconds: int = 1800  # model load of a large model from a cold node
+    period_seconds: int = 5
+    failure_threshold: int = 3
+    termination_grace_period_seconds: int = 60  # drain + snapshot flush
+
+
+@dataclass(frozen=True)
+class ServiceSpec:
+    model: ModelSource
+    engine: EngineSpec
+    replicas: int = 1
+    warm_pool_size: int = 0
+    warmup_templates: str | None = None  # ConfigMap name
+    snapshot: SnapshotSpec = SnapshotSpec()
+    autoscaling: AutoscalingSpec | None = None
+    readiness: ReadinessSpec = ReadinessSpec()
+
+
+def _nonneg(value: Any, what: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise SpecError("InvalidSpec", f"{what} must be a non-negative integer, got {value!r}")
+    return value
+
+
+def parse_spec(spec: Mapping[str, Any]) -> ServiceSpec:
+    model = spec.get("model") or {}
+    chosen = [k for k in ("path", "pvc", "uri") if model.get(k)]
+    if len(chosen) != 1:
+        raise SpecError("InvalidModelSource", "model: set exactly one of path, pvc or uri")
+    pvc = model.get("pvc") or {}
+    engine = spec.get("engine") or {}
+    if not engine.get("image"):
+        raise SpecError("InvalidSpec", "engine.image is required")
+    snap = spec.get("snapshot") or {}
+    ready = spec.get("readiness") or {}
+    auto = spec.get("autoscaling")
+    autoscaling = None
+    if auto:
+        metric = auto.get("metric") or {}
+        autoscaling = AutoscalingSpec(
+            min_replicas=_nonneg(auto.get("minReplicas", 1), "autoscaling.minReplicas"),
+            max_replicas=_nonneg(auto.get("maxReplicas", 0), "autoscaling.maxReplicas"),
+            metric=MetricSpec(
+                type=metric.get("type", ""),
+                name=metric.get("name", ""),
+                target_average_utilization=metric.get("targetAverageUtilization"),
+                target_average_value=(
+                    None if metric.get("targetAverageValue") is None
+                    else str(metric["targetAverageValue"])
+                ),
+            ),
+        )
+        if autoscaling.min_replicas > autoscaling.max_replicas:
+            raise SpecError("InvalidAutoscaling", "autoscaling.minReplicas must be <= maxReplicas")
+        if autoscaling.max_replicas < 1:
+            raise SpecError("InvalidAutoscaling", "autoscaling.maxReplicas must be >= 1")
+        m = autoscaling.metric
+        if m.type == "Resource" and m.target_average_utilization is None:
+            raise SpecError("InvalidAutoscaling", "a Resource metric needs targetAverageUtilization")
+        if m.type == "Pods" and m.target_average_value is None:
+            raise SpecError("InvalidAutoscaling", "a Pods metric needs targetAverageValue")
+        if m.type not in ("Resource", "Pods") or not m.name:
+            raise SpecError("InvalidAutoscaling", "autoscaling.metric needs type Resource|Pods and a name")
+    templates = spec.get("warmupTemplates") or {}
+    return ServiceSpec(
+        model=ModelSource(
+            path=model.get("path") or pvc.get("path"),
+            pvc=pvc.get("claimName"),
+            uri=model.get("uri"),
+            served_name=model.get("servedName"),
+        ),
+        engine=EngineSpec(
+            image=engine["image"],
+            image_pull_policy=engine.get("imagePullPolicy"),
+            args=tuple(engine.get("args") or ()),
+            env=tuple(engine.get("env") or ()),
+            resources=dict(engine.get("resources") or {}),
+            node_selector=dict(engine.get("nodeSelector") or {}),
+            tolerations=tuple(engine.get("tolerations") or ()),
+        ),
+        replicas=_nonneg(spec.get("replicas", 1), "replicas"),
+        warm_pool_size=_nonneg((spec.get("warmPool") or {}).get("size", 0), "warmPool.size"),
+        warmup_templates=templates.get("configMap"),
+        snapshot=SnapshotSpec(
+            enabled=bool(snap.get("enabled", True)),
+            storage_class=snap.get("storageClassName"),
+            size=str(snap.get("size", "10Gi")),
+            access_mode=snap.get("accessMode", "ReadWriteMany"),
+            interval_seconds=_nonneg(snap.get("intervalSeconds", 300), "snapshot.intervalSeconds"),
+        ),
+        autoscaling=autoscaling,
+        readiness=ReadinessSpec(
+            startup_timeout_seconds=ready.get("startupTimeoutSeconds", 1800),
+            period_seconds=ready.get("periodSeconds", 5),
+            failure_threshold=ready.get("failureThreshold", 3),
+            termination_grace_period_seconds=ready.get("terminationGracePeriodSeconds", 60),
+        ),
+    )
