@@ -6,6 +6,7 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+from server_process import API_KEY, Server, start_server
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -22,3 +23,29 @@ def tokenizer():
 
     path = embedded_model_path()
     return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+
+
+import httpx
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory) -> Server:
+    """One real server, with an API key, shared by the modules that only send requests."""
+    srv = start_server(tmp_path_factory.mktemp("server"), "--api-key", API_KEY)
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="session")
+def client(server):
+    import openai
+
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0, timeout=120)
+
+
+@pytest.fixture
+def http(server):
+    """A raw HTTP client with the key, for what the SDK cannot send (bad bodies, bad keys)."""
+    with httpx.Client(base_url=server.url, timeout=120,
+                      headers={"Authorization": f"Bearer {API_KEY}"}) as c:
+        yield c

@@ -1,0 +1,288 @@
+"""Runs the synchronous Engine in a background thread and feeds asyncio callers.
+
+`Engine.step()` is blocking compute, so it lives on one thread of its own; each request gets
+an asyncio queue that the step thread fills through `loop.call_soon_threadsafe`. Cancelling
+the consumer (a client hung up) aborts the request, so its KV pages go back at the next step.
+
+The object also carries the readiness phase that /ready reports:
+loading -> (restoring) -> (warming) -> ready -> draining.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Callable
+
+from .metrics import PHASES, Metrics
+
+log = logging.getLogger("preheat.engine")
+
+
+class EngineNotReady(RuntimeError):
+    """The engine is loading, warming or draining and admits no user requests."""
+
+
+class EngineDead(RuntimeError):
+    """The step loop crashed; the process must be restarted."""
+
+
+@dataclass
+class _Stream:
+    queue: asyncio.Queue
+    arrival: float
+    first_token: float | None = None
+    prompt_recorded: bool = False
+    num_tokens: int = 0
+
+
+class AsyncEngine:
+    def __init__(self, metrics: Metrics, engine: Any = None) -> None:
+        self.metrics = metrics
+        self.engine: Any = None
+        self._phase = "loading"
+        metrics.set_phase("loading")
+        self._streams: dict[str, _Stream] = {}
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.error: BaseException | None = None
+        self._ids = itertools.count()
+        self._abort_pending = False
+        # Run once, in order, after draining and before exit (e.g. persist the snapshot).
+        self.on_shutdown: list[Callable[[AsyncEngine], Any]] = []
+        if engine is not None:
+            self.attach(engine)
+
+    # ------------------------------------------------------------ phase
+
+    @property
+    def phase(self) -> str:
+        return self._phase
+
+    def set_phase(self, phase: str) -> None:
+        """Moves the readiness phase; /ready is 200 only in "ready"."""
+        if phase not in PHASES:
+            raise ValueError(f"unknown phase {phase!r}; one of {PHASES}")
+        if self._phase == "draining" and phase != "draining":
+            return  # draining is final: a late warmup step must not re-open admission
+        if phase != self._phase:
+            log.info("phase: %s -> %s", self._phase, phase)
+        self._phase = phase
+        self.metrics.set_phase(phase)
+
+    @property
+    def is_ready(self) -> bool:
+        return self._phase == "ready" and self.error is None
+
+    # ------------------------------------------------------------ lifecycle
+
+    def attach(self, engine: Any) -> None:
+        """Hands over the loaded engine; the step thread starts with `start()`."""
+        self.engine = engine
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self.engine is None:
+            raise RuntimeError("attach an engine before start()")
+        self._loop = loop
+        self._thread = threading.Thread(target=self._run, name="engine-step", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def num_in_flight(self) -> int:
+        with self._lock:
+            return len(self._streams)
+
+    async def drain(self, timeout: float) -> bool:
+        """Stops admission and waits for in-flight requests; aborts the rest at the deadline.
+        Returns True when everything finished on its own."""
+        self.set_phase("draining")
+        deadline = time.monotonic() + timeout
+        while self.num_in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        left = self.num_in_flight
+        if left:
+            log.warning("shutdown timeout: aborting %d in-flight request(s)", left)
+            with self._lock:
+                rids = list(self._streams)
+            for rid in rids:
+                self.abort(rid)
+            await asyncio.sleep(0.1)
+        return left == 0
+
+    def run_shutdown_callbacks(self) -> None:
+        for cb in self.on_shutdown:
+            name = getattr(cb, "__name__", repr(cb))
+            try:
+                start = time.monotonic()
+                cb(self)
+                log.info("shutdown step %s done in %.2fs", name, time.monotonic() - start)
+            except Exception:
+                log.exception("shutdown step %s failed", name)
+
+    # ------------------------------------------------------------ requests
+
+    def new_request_id(self, prefix: str) -> str:
+        return f"{prefix}-{next(self._ids)}"
+
+    def submit(
+        self, prompt: str | list[int], params: Any, request_id: str, *, internal: bool = False
+    ) -> "RequestStream":
+        """Adds a request to the engine now (so a refusal is raised here, before any response
+        is started) and returns the stream of its outputs. `internal` requests (warmup) are
+        admitted before the phase is ready. Raises the engine's ValueError for a bad request,
+        EngineNotReady when not admitting, EngineDead when the step loop crashed."""
+        if self.error is not None:
+            raise EngineDead(str(self.error))
+        if not internal and not self.is_ready:
+            raise EngineNotReady(self._phase)
+        if self._thread is None:
+            raise EngineNotReady("loading")
+        stream = _Stream(asyncio.Queue(), time.monotonic())
+        with self._lock:
+            self._streams[request_id] = stream
+        try:
+            self.engine.add_request(prompt, params, request_id=request_id)
+        except BaseException:
+            with self._lock:
+                self._streams.pop(request_id, None)
+            raise
+        self._wake.set()
+        return RequestStream(self, request_id, stream)
+
+    async def generate(
+        self, prompt: str | list[int], params: Any, request_id: str, *, internal: bool = False
+    ) -> AsyncIterator[Any]:
+        """Yields the RequestOutputs of one request until it finishes."""
+        async for out in self.submit(prompt, params, request_id, internal=internal):
+            yield out
+
+    def _release(self, request_id: str, abort: bool) -> None:
+        with self._lock:
+            known = self._streams.pop(request_id, None) is not None
+        if known and abort:
+            self.abort(request_id)
+            self.metrics.requests.labels(finish_reason="abort").inc()
+
+    def abort(self, request_id: str) -> None:
+        if self.engine is None:
+            return
+        try:
+            self.engine.abort_request(request_id)
+        except Exception:  # an unknown id is already gone: nothing to free
+            log.debug("abort of %s ignored", request_id, exc_info=True)
+        self._abort_pending = True  # step once even if nothing else is left to run
+        self._wake.set()
+
+    # ------------------------------------------------------------ step thread
+
+    def _run(self) -> None:
+        engine = self.engine
+        while not self._stop.is_set():
+            self._wake.clear()
+            try:
+                if self._abort_pending:
+                    self._abort_pending = False
+                elif not engine.has_unfinished():
+                    self._update_gauges()
+                    self._wake.wait(0.5)
+                    continue
+                outs = engine.step()
+            except BaseException as e:  # the loop must not die silently
+                log.exception("engine step failed; the engine is dead")
+                self.error = e
+                self.metrics.ready.set(0)
+                self._fail_all(e)
+                return
+            if outs:
+                self._loop.call_soon_threadsafe(self._dispatch, outs, time.monotonic())  # type: ignore[union-attr]
+            self._update_gauges()
+
+    def _dispatch(self, outs: list[Any], t: float) -> None:
+        """On the event loop: route outputs to their streams and record per-request metrics."""
+        for out in outs:
+            stream = self._streams.get(out.request_id)
+            if stream is None:
+                continue  # aborted; its consumer is gone
+            new = len(out.new_token_ids or ())
+            self.metrics.generation_tokens.inc(new)  # live, so aborted work is counted too
+            if new and stream.first_token is None:
+                stream.first_token = t
+            stream.num_tokens = len(out.token_ids or ())
+            if not stream.prompt_recorded and (new or out.finished):
+                stream.prompt_recorded = True
+                self.metrics.record_prompt(
+                    len(out.prompt_token_ids or ()), int(out.cached_tokens or 0)
+                )
+            if out.finished:
+                # Finished: no longer in flight, even if its consumer never reads the rest.
+                with self._lock:
+                    self._streams.pop(out.request_id, None)
+                ttft = None if stream.first_token is None else stream.first_token - stream.arrival
+                self.metrics.record_finished(
+                    out.finish_reason or "unknown", ttft, t - stream.arrival, stream.num_tokens
+                )
+            stream.queue.put_nowait(out)
+
+    def _fail_all(self, err: BaseException) -> None:
+        if self._loop is None:
+            return
+        with self._lock:
+            streams = list(self._streams.values())
+        for s in streams:
+            self._loop.call_soon_threadsafe(s.queue.put_nowait, err)
+
+    def _update_gauges(self) -> None:
+        try:
+            st = self.engine.stats()
+        except Exception:
+            return
+        m = self.metrics
+        for attr, gauge in (
+            ("num_running", m.num_running),
+            ("num_waiting", m.num_waiting),
+            ("kv_usage", m.kv_usage),
+        ):
+            value = getattr(st, attr, None)
+            if value is not None:
+                gauge.set(value)
+        used, cached = getattr(st, "kv_used_pages", None), getattr(st, "kv_cached_pages", None)
+        if used is not None and cached is not None:
+            m.kv_request_pages.set(max(0, used - cached))
+
+
+class RequestStream:
+    """The outputs of one request. Iterate it once; leaving the loop early (break, cancel,
+    exception) or calling close() before the end aborts the request and frees its pages."""
+
+    def __init__(self, owner: AsyncEngine, request_id: str, stream: _Stream) -> None:
+        self.request_id = request_id
+        self._owner = owner
+        self._stream = stream
+        self.finished = False
+
+    async def __aiter__(self) -> AsyncIterator[Any]:
+        try:
+            while not self.finished:
+                item = await self._stream.queue.get()
+                if isinstance(item, BaseException):
+                    raise EngineDead(str(item))
+                self.finished = bool(item.finished)
+                yield item
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        self._owner._release(self.request_id, abort=not self.finished)

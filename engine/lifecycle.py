@@ -1,0 +1,103 @@
+"""Start-up and shutdown of a serving engine, in the order the readiness contract needs.
+
+start-up:  loading (build the Engine)  ->  each StartupStep (restoring / warming)  ->  ready
+shutdown:  draining (stop admitting, let in-flight finish)  ->  on_shutdown callbacks  ->  stop
+
+The warm-start code plugs in here: snapshot restore and warmup templates are StartupSteps;
+persisting the snapshot is an `AsyncEngine.on_shutdown` callback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from .async_engine import AsyncEngine
+from .config import EngineConfig
+
+log = logging.getLogger("preheat.lifecycle")
+
+
+@dataclass
+class StartupStep:
+    """Work that must finish before /ready turns 200. `run(aengine)` may be a plain function
+    (run in a worker thread, so probes keep answering) or a coroutine function (run on the
+    event loop; it can send internal requests with `aengine.generate(..., internal=True)`)."""
+
+    name: str
+    phase: str  # "restoring" or "warming": what /ready reports while it runs
+    run: Callable[[AsyncEngine], Any]
+
+
+def default_engine_factory(config: EngineConfig) -> Any:
+    from .engine import Engine
+
+    return Engine(config)
+
+
+class Lifecycle:
+    def __init__(
+        self,
+        config: EngineConfig,
+        aengine: AsyncEngine,
+        steps: list[StartupStep] | None = None,
+        engine_factory: Callable[[EngineConfig], Any] = default_engine_factory,
+    ) -> None:
+        self.config = config
+        self.aengine = aengine
+        self.steps = list(steps or [])
+        self.engine_factory = engine_factory
+        self.failed: BaseException | None = None
+
+    async def start(self) -> bool:
+        """Loads and warms the engine; returns False (and logs why) when it cannot serve."""
+        ae, metrics = self.aengine, self.aengine.metrics
+        began = time.monotonic()
+        try:
+            ae.set_phase("loading")
+            log.info("loading model %s", self.config.model or "(embedded SmolLM2-135M-Instruct)")
+            t = time.monotonic()
+            engine = await asyncio.to_thread(self.engine_factory, self.config)
+            metrics.startup_seconds.labels(step="load").observe(time.monotonic() - t)
+            ae.attach(engine)
+            ae.start(asyncio.get_running_loop())
+            for step in self.steps:
+                if ae.phase == "draining":
+                    return False
+                ae.set_phase(step.phase)
+                t = time.monotonic()
+                log.info("%s: %s", step.phase, step.name)
+                if inspect.iscoroutinefunction(step.run):
+                    await step.run(ae)
+                else:
+                    await asyncio.to_thread(step.run, ae)
+                took = time.monotonic() - t
+                metrics.startup_seconds.labels(step=step.name).observe(took)
+                log.info("%s: %s done in %.2fs", step.phase, step.name, took)
+        except Exception as e:
+            self.failed = e
+            log.error("start-up failed: %s: %s", type(e).__name__, e)
+            log.debug("start-up failure", exc_info=True)
+            return False
+        if ae.phase == "draining":
+            return False
+        ae.set_phase("ready")
+        log.info("ready in %.1fs", time.monotonic() - began)
+        return True
+
+    async def shutdown(self, timeout: float | None = None) -> bool:
+        """Drains, runs the shutdown callbacks, stops the step thread. True when every
+        in-flight request finished within the timeout."""
+        timeout = self.config.shutdown_timeout if timeout is None else timeout
+        ae = self.aengine
+        log.info("draining: %d request(s) in flight, up to %.0fs", ae.num_in_flight, timeout)
+        clean = await ae.drain(timeout)
+        if ae.engine is not None:
+            await asyncio.to_thread(ae.run_shutdown_callbacks)
+        ae.stop()
+        log.info("stopped (%s)", "all requests finished" if clean else "some requests aborted")
+        return clean

@@ -1,0 +1,171 @@
+"""Prometheus metrics of the engine, all prefixed `preheat_`.
+
+One `Metrics` object owns one registry, so tests can build as many servers as they like.
+The process-wide instance (`default_metrics()`) is the one `preheat serve` exposes at
+/metrics; the warm-start code (warmup, snapshots, CUDA-graph capture) records into it.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+PHASES = ("loading", "restoring", "warming", "ready", "draining")
+
+# Latency buckets from a 135M model on one CPU core up to a big model under load.
+_TTFT_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40)
+_TPOT_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2.5)
+_E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300)
+_STARTUP_BUCKETS = (0.1, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        # --- tokens and cache ---
+        self.prompt_tokens = Counter("preheat_prompt_tokens", "Prompt tokens processed.", registry=r)
+        self.generation_tokens = Counter(
+            "preheat_generation_tokens", "Tokens generated.", registry=r
+        )
+        self.prefix_cache_hit_tokens = Counter(
+            "preheat_prefix_cache_hit_tokens",
+            "Prompt tokens served from the prefix cache instead of computed.",
+            registry=r,
+        )
+        self.cache_hit_rate = Gauge(
+            "preheat_cache_hit_rate",
+            "Prefix-cache hit tokens / prompt tokens since start.",
+            registry=r,
+        )
+        # --- latency ---
+        self.ttft = Histogram(
+            "preheat_time_to_first_token_seconds",
+            "Arrival to first generated token.",
+            buckets=_TTFT_BUCKETS,
+            registry=r,
+        )
+        self.tpot = Histogram(
+            "preheat_time_per_output_token_seconds",
+            "Mean time between generated tokens after the first, per request.",
+            buckets=_TPOT_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "preheat_e2e_request_latency_seconds",
+            "Arrival to last token.",
+            buckets=_E2E_BUCKETS,
+            registry=r,
+        )
+        # --- requests ---
+        self.requests = Counter(
+            "preheat_requests",
+            "Finished generation requests by finish reason.",
+            ["finish_reason"],
+            registry=r,
+        )
+        self.request_errors = Counter(
+            "preheat_request_errors",
+            "Requests refused with an error, by HTTP status.",
+            ["status"],
+            registry=r,
+        )
+        self.num_running = Gauge(
+            "preheat_num_requests_running", "Requests in the running batch.", registry=r
+        )
+        self.num_waiting = Gauge(
+            "preheat_num_requests_waiting", "Requests queued for admission.", registry=r
+        )
+        self.kv_usage = Gauge(
+            "preheat_kv_cache_usage_ratio", "Fraction of KV pages in use.", registry=r
+        )
+        self.kv_request_pages = Gauge(
+            "preheat_kv_cache_request_pages",
+            "KV pages owned by running requests (not yet handed to the prefix cache).",
+            registry=r,
+        )
+        # --- readiness ---
+        self.ready = Gauge("preheat_ready", "1 when /ready answers 200, else 0.", registry=r)
+        self.phase = Gauge(
+            "preheat_phase", "1 for the current readiness phase.", ["phase"], registry=r
+        )
+        # --- warm start (recorded by warmup, snapshot and CUDA-graph code) ---
+        self.cuda_graph_capture_seconds = Gauge(
+            "preheat_cuda_graph_capture_seconds", "Time spent capturing CUDA graphs.", registry=r
+        )
+        self.warmup_seconds = Gauge(
+            "preheat_warmup_seconds", "Time spent running warmup templates.", registry=r
+        )
+        self.warmup_requests = Counter(
+            "preheat_warmup_requests", "Requests run by warmup templates.", registry=r
+        )
+        self.snapshot_restored_tokens = Gauge(
+            "preheat_snapshot_restored_tokens", "Tokens of KV restored from a snapshot.", registry=r
+        )
+        self.snapshot_restore_seconds = Gauge(
+            "preheat_snapshot_restore_seconds", "Time spent restoring the snapshot.", registry=r
+        )
+        self.snapshot_saved_tokens = Gauge(
+            "preheat_snapshot_saved_tokens", "Tokens of KV in the last snapshot written.", registry=r
+        )
+        self.snapshot_rejected = Counter(
+            "preheat_snapshot_rejected",
+            "Snapshots refused (incompatible, truncated, tampered...).",
+            ["reason"],
+            registry=r,
+        )
+        self.startup_seconds = Histogram(
+            "preheat_startup_step_seconds",
+            "Duration of each start-up step.",
+            ["step"],
+            buckets=_STARTUP_BUCKETS,
+            registry=r,
+        )
+        self._lock = threading.Lock()
+        self._prompt_total = 0
+        self._hit_total = 0
+        self.set_phase("loading")
+
+    def set_phase(self, phase: str) -> None:
+        if phase not in PHASES:
+            raise ValueError(f"unknown phase {phase!r}")
+        for p in PHASES:
+            self.phase.labels(phase=p).set(1 if p == phase else 0)
+        self.ready.set(1 if phase == "ready" else 0)
+
+    def record_prompt(self, prompt_tokens: int, cached_tokens: int) -> None:
+        self.prompt_tokens.inc(prompt_tokens)
+        self.prefix_cache_hit_tokens.inc(cached_tokens)
+        with self._lock:
+            self._prompt_total += prompt_tokens
+            self._hit_total += cached_tokens
+            if self._prompt_total:
+                self.cache_hit_rate.set(self._hit_total / self._prompt_total)
+
+    def record_finished(
+        self, finish_reason: str, ttft: float | None, e2e: float, output_tokens: int
+    ) -> None:
+        self.requests.labels(finish_reason=finish_reason or "unknown").inc()
+        if ttft is not None:
+            self.ttft.observe(ttft)
+            if output_tokens > 1:
+                self.tpot.observe((e2e - ttft) / (output_tokens - 1))
+        self.e2e.observe(e2e)
+
+    def render(self) -> tuple[bytes, str]:
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+_default: Metrics | None = None
+_default_lock = threading.Lock()
+
+
+def default_metrics() -> Metrics:
+    """The process-wide metrics that `preheat serve` exposes."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = Metrics()
+        return _default

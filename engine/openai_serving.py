@@ -1,0 +1,447 @@
+"""Turns OpenAI requests into engine requests and engine outputs into OpenAI responses.
+
+The HTTP layer (server.py) reads and validates the body; this file owns the meaning:
+prompt rendering, limits against the context, SamplingParams, n choices, streaming chunks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any, AsyncIterator
+
+from .api_errors import APIError, error_body
+from .async_engine import AsyncEngine, EngineDead, EngineNotReady, RequestStream
+from .openai_protocol import ChatCompletionRequest, CompletionRequest, SamplingFields, new_id, now
+from .structured import InvalidGrammar
+
+log = logging.getLogger("preheat.server")
+
+
+@dataclass
+class Submitted:
+    """One engine request behind one OpenAI choice."""
+
+    index: int
+    prompt_ids: list[int]
+    stream: RequestStream
+
+
+class OpenAIServing:
+    def __init__(self, aengine: AsyncEngine, model_name: str | None = None) -> None:
+        self.aengine = aengine
+        self._model_name = model_name
+
+    @property
+    def model_name(self) -> str:
+        """--served-model-name, else the name the engine derived from the weights."""
+        if self._model_name:
+            return self._model_name
+        engine = self.aengine.engine
+        return getattr(engine, "served_model_name", None) or "default"
+
+    # ------------------------------------------------------------ checks
+
+    def check_model(self, model: str | None) -> None:
+        if not model:
+            raise APIError(400, "you must provide a model parameter", param="model",
+                           code="missing_model")
+        if model != self.model_name:
+            raise APIError(404, f"The model `{model}` does not exist; this server serves "
+                           f"`{self.model_name}`", param="model", code="model_not_found")
+
+    def _engine(self) -> Any:
+        ae = self.aengine
+        if ae.error is not None:
+            raise APIError(500, f"engine failed: {ae.error}", code="engine_dead")
+        if not ae.is_ready:
+            raise APIError(503, f"engine is not ready (phase: {ae.phase})", code="not_ready")
+        return ae.engine
+
+    # ------------------------------------------------------------ prompts
+
+    def chat_prompt(self, engine: Any, req: ChatCompletionRequest) -> list[int]:
+        conv = [
+            {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+            for m in req.messages
+        ]
+        try:
+            text = engine.tokenizer.apply_chat_template(
+                conv, add_generation_prompt=True, tokenize=False
+            )
+            # The template already wrote the special tokens.
+            return list(engine.tokenizer.encode(text, add_special_tokens=False))
+        except Exception as e:
+            raise APIError(400, f"messages: cannot apply the chat template: {e}",
+                           param="messages") from None
+
+    def completion_prompts(self, engine: Any, req: CompletionRequest) -> list[list[int]]:
+        prompts = req.prompts()
+        if not prompts:
+            raise APIError(400, "prompt must not be empty", param="prompt")
+        vocab = _vocab_size(engine)
+        out: list[list[int]] = []
+        for p in prompts:
+            if isinstance(p, str):
+                try:
+                    ids = list(engine.tokenizer.encode(p))
+                except Exception as e:
+                    raise APIError(400, f"prompt: cannot tokenize: {e}", param="prompt") from None
+            else:
+                ids = list(p)
+                bad = [t for t in ids if not 0 <= t < vocab]
+                if bad:
+                    raise APIError(400, f"prompt: token id {bad[0]} is outside the vocabulary "
+                                   f"(0..{vocab - 1})", param="prompt")
+            if not ids:
+                raise APIError(400, "prompt must not be empty", param="prompt")
+            out.append(ids)
+        return out
+
+    # ------------------------------------------------------------ params
+
+    def sampling_params(self, engine: Any, req: Any, prompt_len: int, choice: int) -> Any:
+        from .sampling_params import SamplingParams, StructuredOutput
+
+        max_len = int(engine.max_model_len)
+        prompt_param = "messages" if isinstance(req, ChatCompletionRequest) else "prompt"
+        if prompt_len >= max_len:
+            raise APIError(400, f"This model's maximum context length is {max_len} tokens; "
+                           f"the prompt has {prompt_len} tokens and leaves no room to generate",
+                           param=prompt_param, code="context_length_exceeded")
+        max_tokens = req.requested_max_tokens
+        if max_tokens is None:
+            max_tokens = max_len - prompt_len
+        elif prompt_len + max_tokens > max_len:
+            raise APIError(400, f"max_tokens is too large: {max_tokens} + {prompt_len} prompt "
+                           f"tokens exceeds the context length of {max_len} tokens",
+                           param="max_tokens", code="context_length_exceeded")
+        structured = _structured(req, StructuredOutput)
+        if isinstance(req, ChatCompletionRequest):
+            logprobs = (req.top_logprobs or 0) if req.logprobs else None
+        else:
+            logprobs = req.logprobs
+        try:
+            return SamplingParams(
+                max_tokens=max_tokens,
+                temperature=1.0 if req.temperature is None else req.temperature,
+                top_p=1.0 if req.top_p is None else req.top_p,
+                top_k=-1 if req.top_k in (None, 0) else req.top_k,
+                min_p=0.0 if req.min_p is None else req.min_p,
+                repetition_penalty=req.repetition_penalty,
+                frequency_penalty=req.frequency_penalty,
+                presence_penalty=req.presence_penalty,
+                # n choices from one seed must differ from each other, yet repeat exactly.
+                seed=None if req.seed is None else req.seed + choice,
+                stop=req.stop,
+                stop_token_ids=req.stop_token_ids,
+                ignore_eos=req.ignore_eos,
+                logprobs=logprobs,
+                structured=structured,
+            )
+        except ValueError as e:
+            raise APIError(400, str(e)) from None
+
+    # ------------------------------------------------------------ submit
+
+    def submit(self, engine: Any, req: Any, prompts: list[list[int]], prefix: str) -> list[Submitted]:
+        """Adds prompts x n requests to the engine; on any refusal, withdraws the others."""
+        subs: list[Submitted] = []
+        try:
+            for p_idx, ids in enumerate(prompts):
+                for c in range(req.n):
+                    params = self.sampling_params(engine, req, len(ids), c)
+                    rid = self.aengine.new_request_id(prefix)
+                    stream = self.aengine.submit(ids, params, rid)
+                    subs.append(Submitted(p_idx * req.n + c, ids, stream))
+        except BaseException as e:
+            for s in subs:
+                s.stream.close()
+            raise _as_api_error(e, req) from None
+        return subs
+
+    # ------------------------------------------------------------ chat
+
+    async def chat(self, req: ChatCompletionRequest) -> dict | AsyncIterator[str]:
+        self.check_model(req.model)
+        engine = self._engine()
+        ids = self.chat_prompt(engine, req)
+        subs = self.submit(engine, req, [ids], "chatcmpl")
+        rid, created = new_id("chatcmpl"), now()
+        if req.stream:
+            return self._chat_stream(engine, req, subs, rid, created)
+        finals = await _collect(subs)
+        choices = []
+        for s, out in zip(subs, finals):
+            choices.append({
+                "index": s.index,
+                "message": {"role": "assistant", "content": out.text, "refusal": None},
+                "logprobs": _chat_logprobs(engine, out) if req.logprobs else None,
+                "finish_reason": out.finish_reason,
+            })
+        return {
+            "id": rid, "object": "chat.completion", "created": created, "model": self.model_name,
+            "choices": choices, "usage": _usage([ids], finals, req.n),
+            "system_fingerprint": None,
+        }
+
+    async def _chat_stream(self, engine: Any, req: ChatCompletionRequest, subs: list[Submitted],
+                           rid: str, created: int) -> AsyncIterator[str]:
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+
+        def chunk(choices: list[dict], usage: dict | None = None) -> str:
+            body: dict[str, Any] = {"id": rid, "object": "chat.completion.chunk",
+                                    "created": created, "model": self.model_name,
+                                    "system_fingerprint": None, "choices": choices}
+            if include_usage:
+                body["usage"] = usage
+            return _sse(body)
+
+        for s in subs:
+            yield chunk([{"index": s.index, "delta": {"role": "assistant", "content": ""},
+                          "logprobs": None, "finish_reason": None}])
+        finals: dict[int, Any] = {}
+        try:
+            async for s, out in _merge(subs):
+                lp = _chat_logprobs(engine, out, new_only=True) if req.logprobs else None
+                if out.new_text or (lp and lp["content"]):
+                    yield chunk([{"index": s.index, "delta": {"content": out.new_text},
+                                  "logprobs": lp, "finish_reason": None}])
+                if out.finished:
+                    finals[s.index] = out
+                    yield chunk([{"index": s.index, "delta": {}, "logprobs": None,
+                                  "finish_reason": out.finish_reason}])
+        except (EngineDead, EngineNotReady) as e:
+            yield _sse(error_body(500, f"engine failed: {e}", code="engine_dead"))
+            yield "data: [DONE]\n\n"
+            return
+        if include_usage:
+            ordered = [finals[s.index] for s in subs]
+            yield chunk([], _usage([subs[0].prompt_ids], ordered, req.n))
+        yield "data: [DONE]\n\n"
+
+    # ------------------------------------------------------------ completions
+
+    async def completion(self, req: CompletionRequest) -> dict | AsyncIterator[str]:
+        self.check_model(req.model)
+        engine = self._engine()
+        prompts = self.completion_prompts(engine, req)
+        subs = self.submit(engine, req, prompts, "cmpl")
+        rid, created = new_id("cmpl"), now()
+        if req.stream:
+            return self._completion_stream(engine, req, subs, prompts, rid, created)
+        finals = await _collect(subs)
+        choices = []
+        for s, out in zip(subs, finals):
+            prefix = engine.tokenizer.decode(s.prompt_ids) if req.echo else ""
+            choices.append({
+                "index": s.index, "text": prefix + out.text,
+                "logprobs": _completion_logprobs(engine, out, len(prefix))
+                if req.logprobs is not None else None,
+                "finish_reason": out.finish_reason,
+            })
+        return {
+            "id": rid, "object": "text_completion", "created": created, "model": self.model_name,
+            "choices": choices, "usage": _usage(prompts, finals, req.n), "system_fingerprint": None,
+        }
+
+    async def _completion_stream(self, engine: Any, req: CompletionRequest, subs: list[Submitted],
+                                 prompts: list[list[int]], rid: str, created: int
+                                 ) -> AsyncIterator[str]:
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        offsets = {s.index: 0 for s in subs}
+
+        def chunk(choices: list[dict], usage: dict | None = None) -> str:
+            body: dict[str, Any] = {"id": rid, "object": "text_completion", "created": created,
+                                    "model": self.model_name, "system_fingerprint": None,
+                                    "choices": choices}
+            if include_usage:
+                body["usage"] = usage
+            return _sse(body)
+
+        if req.echo:
+            for s in subs:
+                text = engine.tokenizer.decode(s.prompt_ids)
+                offsets[s.index] = len(text)
+                yield chunk([{"index": s.index, "text": text, "logprobs": None,
+                              "finish_reason": None}])
+        finals: dict[int, Any] = {}
+        try:
+            async for s, out in _merge(subs):
+                lp = None
+                if req.logprobs is not None:
+                    lp = _completion_logprobs(engine, out, offsets[s.index], new_only=True)
+                    offsets[s.index] += len(out.new_text)
+                if out.new_text or out.finished:
+                    yield chunk([{"index": s.index, "text": out.new_text, "logprobs": lp,
+                                  "finish_reason": out.finish_reason if out.finished else None}])
+                if out.finished:
+                    finals[s.index] = out
+        except (EngineDead, EngineNotReady) as e:
+            yield _sse(error_body(500, f"engine failed: {e}", code="engine_dead"))
+            yield "data: [DONE]\n\n"
+            return
+        if include_usage:
+            yield chunk([], _usage(prompts, [finals[s.index] for s in subs], req.n))
+        yield "data: [DONE]\n\n"
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _vocab_size(engine: Any) -> int:
+    mc = getattr(engine, "model_config", None)
+    v = getattr(mc, "vocab_size", None)
+    return int(v) if v else len(engine.tokenizer)
+
+
+def _structured(req: SamplingFields, StructuredOutput: type) -> Any:
+    rf = getattr(req, "response_format", None)
+    kinds = []
+    if rf is not None and rf.type != "text":
+        kinds.append("response_format")
+    if req.regex is not None:
+        kinds.append("regex")
+    if len(kinds) > 1:
+        raise APIError(400, "give either response_format or regex, not both", param="regex")
+    if req.regex is not None:
+        return StructuredOutput("regex", req.regex)
+    if rf is None or rf.type == "text":
+        return None
+    if rf.type == "json_object":
+        return StructuredOutput("json_object", None)
+    return StructuredOutput("json_schema", rf.json_schema.schema_)  # type: ignore[union-attr]
+
+
+def _as_api_error(e: BaseException, req: Any) -> BaseException:
+    if isinstance(e, APIError):
+        return e
+    if isinstance(e, InvalidGrammar):
+        param = "regex" if req.regex is not None else "response_format"
+        return APIError(400, str(e), param=param, code="invalid_grammar")
+    if isinstance(e, EngineNotReady):
+        return APIError(503, f"engine is not ready (phase: {e})", code="not_ready")
+    if isinstance(e, EngineDead):
+        return APIError(500, f"engine failed: {e}", code="engine_dead")
+    if isinstance(e, ValueError):
+        msg = str(e)
+        code = "context_length_exceeded" if "context" in msg or "too long" in msg else None
+        return APIError(400, msg, code=code)
+    return e
+
+
+async def _collect(subs: list[Submitted]) -> list[Any]:
+    """Runs all choices to the end; the last output of each carries its full text."""
+
+    async def last(s: Submitted) -> Any:
+        final = None
+        async for out in s.stream:
+            final = out
+        return final
+
+    tasks = [asyncio.ensure_future(last(s)) for s in subs]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        for s in subs:
+            s.stream.close()
+        raise
+
+
+async def _merge(subs: list[Submitted]) -> AsyncIterator[tuple[Submitted, Any]]:
+    """Interleaves the outputs of several choices as they arrive."""
+    if len(subs) == 1:
+        try:
+            async for out in subs[0].stream:
+                yield subs[0], out
+        finally:
+            subs[0].stream.close()
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+    done = object()
+
+    async def pump(s: Submitted) -> None:
+        try:
+            async for out in s.stream:
+                queue.put_nowait((s, out))
+        except BaseException as e:
+            queue.put_nowait((s, e))
+        finally:
+            queue.put_nowait((s, done))
+
+    tasks = [asyncio.ensure_future(pump(s)) for s in subs]
+    left = len(subs)
+    try:
+        while left:
+            s, item = await queue.get()
+            if item is done:
+                left -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield s, item
+    finally:
+        for t in tasks:
+            t.cancel()
+        for s in subs:
+            s.stream.close()
+
+
+def _usage(prompts: list[list[int]], finals: list[Any], n: int) -> dict:
+    prompt_tokens = sum(len(p) for p in prompts)
+    completion = sum(len(o.token_ids or ()) for o in finals)
+    # Each prompt is billed once however many choices it has; its cached part is what its
+    # first choice found in the prefix cache.
+    cached = sum(int(finals[i * n].cached_tokens or 0) for i in range(len(prompts)))
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion,
+        "total_tokens": prompt_tokens + completion,
+        "prompt_tokens_details": {"cached_tokens": min(cached, prompt_tokens)},
+    }
+
+
+def _sse(body: dict) -> str:
+    return f"data: {json.dumps(body, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+def _token_text(engine: Any, token_id: int) -> str:
+    return engine.tokenizer.decode([token_id])
+
+
+def _top_entry(engine: Any, token_id: int, logprob: float) -> dict:
+    text = _token_text(engine, token_id)
+    return {"token": text, "logprob": float(logprob), "bytes": list(text.encode("utf-8"))}
+
+
+def _new_logprobs(out: Any, new_only: bool) -> list[Any]:
+    if new_only:
+        return list(getattr(out, "new_logprobs", None) or [])
+    return list(out.logprobs or [])
+
+
+def _chat_logprobs(engine: Any, out: Any, new_only: bool = False) -> dict:
+    content = []
+    for lp in _new_logprobs(out, new_only):
+        entry = _top_entry(engine, lp.token_id, lp.logprob)
+        entry["top_logprobs"] = [_top_entry(engine, t, v) for t, v in (lp.top or [])]
+        content.append(entry)
+    return {"content": content}
+
+
+def _completion_logprobs(engine: Any, out: Any, offset: int, new_only: bool = False) -> dict:
+    tokens, token_lps, tops, offsets = [], [], [], []
+    pos = offset
+    for lp in _new_logprobs(out, new_only):
+        text = _token_text(engine, lp.token_id)
+        tokens.append(text)
+        token_lps.append(float(lp.logprob))
+        tops.append({_token_text(engine, t): float(v) for t, v in (lp.top or [])})
+        offsets.append(pos)
+        pos += len(text)
+    return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops,
+            "text_offset": offsets}

@@ -1,0 +1,181 @@
+"""The HTTP face of the engine: OpenAI-compatible API, /health, /ready, /metrics.
+
+`create_app` builds the FastAPI app around an AsyncEngine. It reads and checks request
+bodies itself (size, UTF-8, JSON, schema) so every refusal is an OpenAI-shaped error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+from typing import Any, AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from .api_errors import APIError, error_body, from_validation_error
+from .async_engine import AsyncEngine
+from .openai_protocol import ChatCompletionRequest, CompletionRequest, now
+from .openai_serving import OpenAIServing
+
+log = logging.getLogger("preheat.server")
+
+_STARTED = now()
+
+
+def create_app(
+    aengine: AsyncEngine,
+    model_name: str | None = None,
+    *,
+    api_key: str | None = None,
+    max_body_bytes: int = 4 * 1024 * 1024,
+) -> FastAPI:
+    app = FastAPI(title="preheat", docs_url=None, redoc_url=None, openapi_url=None)
+    serving = OpenAIServing(aengine, model_name)
+    metrics = aengine.metrics
+    app.state.aengine = aengine
+    app.state.serving = serving
+
+    # ------------------------------------------------------------ errors
+
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+        metrics.request_errors.labels(status=str(exc.status)).inc()
+        return exc.response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        metrics.request_errors.labels(status=str(exc.status_code)).inc()
+        return JSONResponse(error_body(exc.status_code, str(exc.detail)), status_code=exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error")
+        metrics.request_errors.labels(status="500").inc()
+        return JSONResponse(error_body(500, f"internal error: {type(exc).__name__}"), status_code=500)
+
+    # ------------------------------------------------------------ probes
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        # Alive means the step loop still runs: a dead loop can only be cured by a restart.
+        if aengine.error is not None:
+            return JSONResponse({"status": "dead", "error": str(aengine.error)}, status_code=503)
+        return JSONResponse({"status": "ok", "phase": aengine.phase})
+
+    @app.get("/ready")
+    async def ready() -> JSONResponse:
+        body: dict[str, Any] = {"phase": aengine.phase, "model": serving.model_name,
+                                "in_flight": aengine.num_in_flight}
+        return JSONResponse(body, status_code=200 if aengine.is_ready else 503)
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        data, content_type = metrics.render()
+        return Response(data, media_type=content_type)
+
+    # ------------------------------------------------------------ API
+
+    def check_auth(request: Request) -> None:
+        if api_key is None:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), api_key.encode()):
+            raise APIError(401, "Incorrect or missing API key; send `Authorization: Bearer <key>`",
+                           code="invalid_api_key")
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> JSONResponse:
+        check_auth(request)
+        card: dict[str, Any] = {"id": serving.model_name, "object": "model", "created": _STARTED,
+                                "owned_by": "preheat"}
+        if aengine.engine is not None:
+            card["max_model_len"] = int(aengine.engine.max_model_len)
+        return JSONResponse({"object": "list", "data": [card]})
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        check_auth(request)
+        req = _validate(ChatCompletionRequest, await read_json(request, max_body_bytes))
+        return await _respond(request, serving.chat(req))
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        check_auth(request)
+        req = _validate(CompletionRequest, await read_json(request, max_body_bytes))
+        return await _respond(request, serving.completion(req))
+
+    return app
+
+
+async def read_json(request: Request, limit: int) -> dict:
+    """The body as a JSON object, refusing oversized, non-UTF-8 and malformed bodies."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise APIError(413, f"request body of {declared} bytes exceeds the limit of {limit} bytes",
+                       code="body_too_large")
+    body = bytearray()
+    async for chunk in request.stream():  # also bounds chunked bodies without a length
+        body += chunk
+        if len(body) > limit:
+            raise APIError(413, f"request body exceeds the limit of {limit} bytes",
+                           code="body_too_large")
+    try:
+        text = bytes(body).decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise APIError(400, f"request body is not valid UTF-8 (byte {e.start})",
+                       code="invalid_encoding") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise APIError(400, f"request body is not valid JSON: {e.msg} at line {e.lineno} "
+                       f"column {e.colno}", code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise APIError(400, "request body must be a JSON object", code="invalid_json")
+    return data
+
+
+def _validate(model: type, data: dict) -> Any:
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise from_validation_error(e) from None
+
+
+async def _respond(request: Request, work: Any) -> Response:
+    """Runs a request; for a non-streamed one, a client hang-up cancels it (and so aborts its
+    engine requests). A stream is cancelled by Starlette itself when the client leaves."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_wait_disconnect(request))
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if task not in done:
+            task.cancel()
+            return Response(status_code=499)  # nobody is listening any more
+    finally:
+        watcher.cancel()
+    result = task.result()
+    if isinstance(result, dict):
+        return JSONResponse(result)
+    return StreamingResponse(_closing(result), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+async def _closing(gen: AsyncIterator[str]) -> AsyncIterator[str]:
+    try:
+        async for item in gen:
+            yield item
+    finally:
+        await gen.aclose()  # type: ignore[attr-defined]
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
