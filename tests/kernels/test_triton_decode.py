@@ -55,8 +55,8 @@ def run_both(num_heads, kv_heads, seq_lens, page_size, num_pages, head_dim, dtyp
 
 @pytest.mark.parametrize(
     "num_heads,kv_heads",
-    [(3, 3), (8, 2), (8, 1)],
-    ids=["gqa1", "gqa4", "gqa8"],
+    [(3, 3), (9, 3), (8, 2), (8, 1)],
+    ids=["gqa1", "gqa3-smollm2", "gqa4", "gqa8"],
 )
 @pytest.mark.parametrize(
     "page_size,num_pages",
