@@ -76,9 +76,11 @@ class KVPool:
         return pages
 
     def free(self, pages: list[int]) -> None:
+        seen: set[int] = set()
         for p in pages:
-            if p == SCRATCH_PAGE or p in self._free_set or not 0 < p < self.num_pages:
+            if p == SCRATCH_PAGE or p in self._free_set or p in seen or not 0 < p < self.num_pages:
                 raise ValueError(f"double free or bad page id {p}")
+            seen.add(p)
         self._free.extend(reversed(pages))
         self._free_set.update(pages)
 

@@ -1,0 +1,162 @@
+"""The paged KV pool: pages are integers on a free list, page 0 is scratch, sizing follows
+the seed formula."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from preheat.engine.kv.pool import SCRATCH_PAGE, KVPool, pool_pages
+
+
+def make_pool(num_pages: int = 9, page_size: int = 4) -> KVPool:
+    return KVPool(
+        num_layers=2,
+        num_kv_heads=2,
+        head_dim=3,
+        num_pages=num_pages,
+        page_size=page_size,
+        dtype=torch.float32,
+        device=torch.device("cpu"),
+    )
+
+
+def test_the_kv_tensor_has_the_documented_shape_and_k_v_are_views() -> None:
+    pool = make_pool(num_pages=5, page_size=4)
+    assert pool.kv.shape == (2, 2, 5, 4, 2, 3)
+    # k/v must be views: the attention kernels write into them in place.
+    pool.k(1)[3, 2, 1, 0] = 7.0
+    pool.v(0)[1, 0, 0, 2] = 5.0
+    assert pool.kv[1, 0, 3, 2, 1, 0] == 7.0
+    assert pool.kv[0, 1, 1, 0, 0, 2] == 5.0
+    assert pool.bytes == pool.kv.numel() * 4
+
+
+def test_a_fresh_pool_hands_out_every_page_but_scratch_once() -> None:
+    pool = make_pool(num_pages=9)
+    assert pool.capacity_pages == 8
+    assert pool.num_free_pages == 8 and pool.num_used_pages == 0
+    pages = pool.alloc(8)
+    assert pages is not None
+    assert sorted(pages) == list(range(1, 9))  # page 0 is scratch: never handed out
+    assert SCRATCH_PAGE not in pages
+    assert pool.num_free_pages == 0 and pool.num_used_pages == 8
+
+
+def test_a_fresh_pool_fills_from_the_front() -> None:
+    pool = make_pool(num_pages=9)
+    assert pool.alloc(1) == [1]
+    assert sorted(pool.alloc(2) or []) == [2, 3]
+
+
+def test_alloc_returns_none_when_short_and_takes_nothing() -> None:
+    pool = make_pool(num_pages=5)
+    assert pool.alloc(3) is not None
+    assert pool.alloc(2) is None  # one page left: the caller evicts or preempts
+    assert pool.num_free_pages == 1  # a refused alloc must not take pages
+    assert pool.alloc(1) is not None
+    assert pool.alloc(1) is None
+
+
+def test_alloc_zero_is_an_empty_list_not_none() -> None:
+    pool = make_pool()
+    assert pool.alloc(0) == []
+    pool.alloc(pool.num_free_pages)
+    assert pool.alloc(0) == []  # even when full: asking for nothing always succeeds
+
+
+def test_freed_pages_are_handed_out_again() -> None:
+    pool = make_pool(num_pages=5)
+    pages = pool.alloc(4)
+    assert pages is not None
+    pool.free(pages[1:3])
+    assert pool.num_free_pages == 2
+    again = pool.alloc(2)
+    assert again is not None and sorted(again) == sorted(pages[1:3])
+
+
+def test_double_free_raises() -> None:
+    pool = make_pool()
+    pages = pool.alloc(2)
+    assert pages is not None
+    pool.free(pages)
+    with pytest.raises(ValueError):
+        pool.free(pages[:1])
+    assert pool.num_free_pages == pool.capacity_pages  # the bad call changed nothing
+
+
+def test_freeing_a_never_allocated_page_raises() -> None:
+    pool = make_pool(num_pages=5)
+    with pytest.raises(ValueError):
+        pool.free([3])  # free already: a double free in disguise
+
+
+def test_freeing_the_scratch_page_or_an_out_of_range_id_raises() -> None:
+    pool = make_pool(num_pages=5)
+    pool.alloc(4)
+    for bad in ([SCRATCH_PAGE], [5], [-1], [99]):
+        with pytest.raises(ValueError):
+            pool.free(bad)
+    assert pool.num_free_pages == 0
+
+
+def test_a_bad_id_in_a_batch_frees_none_of_the_batch() -> None:
+    # Validation happens before any page goes back, so a failed free leaves no half state.
+    pool = make_pool(num_pages=5)
+    pages = pool.alloc(4)
+    assert pages is not None
+    with pytest.raises(ValueError):
+        pool.free([pages[0], SCRATCH_PAGE])
+    assert pool.num_free_pages == 0
+
+
+def test_a_pool_needs_a_page_besides_scratch() -> None:
+    with pytest.raises(ValueError):
+        make_pool(num_pages=1)
+
+
+# --- sizing ---------------------------------------------------------------------------------
+
+
+def test_pool_pages_follows_the_seed_formula_plus_scratch() -> None:
+    # tokens = free_memory x fraction / kv_bytes_per_token = 1_000_000 x 0.5 / 100 = 5000;
+    # 5000 // 16 = 312 pages, + 1 scratch page.
+    assert pool_pages(100, 1_000_000, 0.5, 16, None) == 313
+
+
+def test_pool_pages_rounds_tokens_down_to_whole_pages() -> None:
+    # 1000 x 1.0 / 10 = 100 tokens: 6 whole pages of 16 (96 tokens), never a partial page.
+    assert pool_pages(10, 1000, 1.0, 16, None) == 7
+
+
+def test_max_total_tokens_caps_the_pool_only_when_smaller() -> None:
+    assert pool_pages(100, 1_000_000, 0.5, 16, 160) == 11  # 160 tokens = 10 pages + scratch
+    assert pool_pages(100, 1_000_000, 0.5, 16, 10**9) == 313  # a cap above the formula is moot
+
+
+def test_pool_pages_uses_the_documented_kv_bytes_per_token() -> None:
+    # SmolLM2-135M in bf16: 2 x 30 layers x 3 KV heads x 64 head_dim x 2 bytes = 23040 B/token.
+    kv_bytes = 2 * 30 * 3 * 64 * 2
+    one_gib = 2**30
+    expected_tokens = int(one_gib * 0.1 / kv_bytes)
+    assert pool_pages(kv_bytes, one_gib, 0.1, 16, None) == expected_tokens // 16 + 1
+
+
+def test_pool_pages_refuses_when_not_even_one_page_fits() -> None:
+    with pytest.raises(ValueError, match="no room for a KV pool"):
+        pool_pages(1000, 10_000, 1.0, 16, None)  # 10 tokens < one page of 16
+    with pytest.raises(ValueError):
+        pool_pages(100, 10**9, 0.5, 16, 15)  # the cap leaves less than a page
+
+
+def test_a_page_twice_in_one_free_call_is_a_double_free() -> None:
+    # Otherwise the page lands on the free list twice and is later handed to two owners.
+    pool = make_pool(num_pages=5)
+    pages = pool.alloc(2)
+    assert pages is not None
+    with pytest.raises(ValueError):
+        pool.free([pages[0], pages[0]])
+    assert pool.num_free_pages == 2
+    pool.free(pages)
+    handed_out = pool.alloc(pool.num_free_pages)
+    assert handed_out is not None and len(set(handed_out)) == len(handed_out) == 4
