@@ -15,7 +15,6 @@ from typing import Any, AsyncIterator
 from .api_errors import APIError, error_body
 from .async_engine import AsyncEngine, EngineDead, EngineNotReady, RequestStream
 from .openai_protocol import ChatCompletionRequest, CompletionRequest, SamplingFields, new_id, now
-from .structured import InvalidGrammar
 
 log = logging.getLogger("preheat.server")
 
@@ -165,8 +164,8 @@ class OpenAIServing:
     # ------------------------------------------------------------ chat
 
     async def chat(self, req: ChatCompletionRequest) -> dict | AsyncIterator[str]:
+        engine = self._engine()  # not ready: 503 first, the model name is not known yet
         self.check_model(req.model)
-        engine = self._engine()
         ids = self.chat_prompt(engine, req)
         subs = self.submit(engine, req, [ids], "chatcmpl")
         rid, created = new_id("chatcmpl"), now()
@@ -225,8 +224,8 @@ class OpenAIServing:
     # ------------------------------------------------------------ completions
 
     async def completion(self, req: CompletionRequest) -> dict | AsyncIterator[str]:
+        engine = self._engine()  # not ready: 503 first, the model name is not known yet
         self.check_model(req.model)
-        engine = self._engine()
         prompts = self.completion_prompts(engine, req)
         subs = self.submit(engine, req, prompts, "cmpl")
         rid, created = new_id("cmpl"), now()
@@ -318,6 +317,8 @@ def _structured(req: SamplingFields, StructuredOutput: type) -> Any:
 def _as_api_error(e: BaseException, req: Any) -> BaseException:
     if isinstance(e, APIError):
         return e
+    from .structured import InvalidGrammar  # lazy: xgrammar and torch load with the engine
+
     if isinstance(e, InvalidGrammar):
         param = "regex" if req.regex is not None else "response_format"
         return APIError(400, str(e), param=param, code="invalid_grammar")

@@ -6,23 +6,21 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import signal
 import sys
-from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import uvicorn
-
-from .async_engine import AsyncEngine
 from .config import ConfigError, EngineConfig, add_arguments, from_namespace
-from .lifecycle import Lifecycle, StartupStep
-from .metrics import default_metrics
-from .server import create_app
+
+if TYPE_CHECKING:
+    from .lifecycle import StartupStep
+
+# The server stack (uvicorn, FastAPI, torch via the engine) is imported inside serve(), so
+# `--help` and a bad flag answer at once.
 
 log = logging.getLogger("preheat.serve")
 
 
-def warm_start_steps(config: EngineConfig) -> list[StartupStep]:
+def warm_start_steps(config: EngineConfig) -> list["StartupStep"]:
     """Steps run after loading and before ready. The warm-start work registers here:
     snapshot restore (phase "restoring") when --snapshot-dir is set, then the warmup
     templates (phase "warming") when --warmup-templates is set."""
@@ -34,35 +32,15 @@ def shutdown_callbacks(config: EngineConfig) -> list[Any]:
     return []
 
 
-class DrainingServer(uvicorn.Server):
-    """uvicorn closes its socket on the first SIGTERM; we first drain with the socket open,
-    so probes see 503 "draining" and in-flight streams finish, then let uvicorn stop."""
-
-    def __init__(self, config: uvicorn.Config, lifecycle: Lifecycle) -> None:
-        super().__init__(config)
-        self.lifecycle = lifecycle
-        self.draining: asyncio.Task | None = None
-        self.exit_code = 0
-
-    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        if self.draining is None:
-            log.info("received %s: draining", signal.Signals(sig).name)
-            self.draining = asyncio.get_event_loop().create_task(self._drain_then_exit())
-            return
-        # A second signal: stop now. Not recorded in _captured_signals on purpose, so uvicorn
-        # does not re-raise it at exit and the process still exits with our code.
-        log.warning("second %s: exiting without waiting", signal.Signals(sig).name)
-        self.should_exit = True
-        self.force_exit = True
-
-    async def _drain_then_exit(self) -> None:
-        try:
-            await self.lifecycle.shutdown()
-        finally:
-            self.should_exit = True
-
-
 async def serve(config: EngineConfig) -> int:
+    import uvicorn
+
+    from .async_engine import AsyncEngine
+    from .draining_server import DrainingServer
+    from .lifecycle import Lifecycle
+    from .metrics import default_metrics
+    from .server import create_app
+
     metrics = default_metrics()
     aengine = AsyncEngine(metrics)
     aengine.on_shutdown.extend(shutdown_callbacks(config))
