@@ -12,6 +12,7 @@ Interface for engine/runner.py
         max_pages=ceil(max_model_len / page_size),   # page-table width of the static buffer
         device=device,
         disable=cfg.disable_cuda_graph,
+        eager_because=None,             # or a reason of the caller's: "attention backend is torch"
         on_capture=lambda seconds, sizes: metric.set(seconds),  # optional
     )
     runner.capture()                    # once, at start-up; returns seconds (0.0 when eager)
@@ -217,6 +218,7 @@ class CudaGraphRunner:
         max_pages: int,
         device: torch.device | str,
         disable: bool = False,
+        eager_because: str | None = None,
         on_capture: Callable[[float, list[int]], None] | None = None,
         backend: GraphBackend | None = None,
     ) -> None:
@@ -229,7 +231,8 @@ class CudaGraphRunner:
         # An injected backend stands in for CUDA (tests); only the flag can turn it off.
         cuda_ok = backend is not None or torch.cuda.is_available()
         device_for_check = torch.device("cuda") if backend is not None else self.device
-        self.eager_reason = graphs_off_reason(device_for_check, disable, cuda_ok)
+        # eager_because: a reason the caller knows of, e.g. an attention backend that syncs.
+        self.eager_reason = eager_because or graphs_off_reason(device_for_check, disable, cuda_ok)
         self.batch_sizes: list[int] = []
         self.capture_seconds = 0.0
         self.buffers: StaticDecodeBuffers | None = None

@@ -152,6 +152,15 @@ def test_disabled_runner_captures_nothing_and_decodes_eagerly(caplog):
     assert torch.equal(runner.run(batch(3)), toy_decode(batch(3)))
 
 
+def test_a_caller_reason_forces_eager_and_is_logged(caplog):
+    graphs = FakeGraphs()
+    runner = make_runner(backend=graphs, eager_because="attention backend is torch")
+    with caplog.at_level(logging.INFO, logger="preheat.engine.cuda_graph"):
+        runner.capture()
+    assert graphs.captured_batch_sizes == [] and not runner.enabled
+    assert "CUDA graphs off (attention backend is torch)" in caplog.text
+
+
 def test_without_cuda_the_same_code_path_runs_eagerly_and_says_so(caplog):
     runner = CudaGraphRunner(toy_decode, max_bs=8, max_pages=MAX_PAGES, device="cpu")
     with caplog.at_level(logging.INFO, logger="preheat.engine.cuda_graph"):
