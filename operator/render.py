@@ -55,7 +55,7 @@ def _engine_env(name: str, spec: ServiceSpec) -> list[dict[str, Any]]:
         model_ref = model.uri or model.path or ""
     grace = spec.readiness.termination_grace_period_seconds
     env: dict[str, str] = {
-        "PREHEAT_MODEL": model_ref,
+        **({"PREHEAT_MODEL": model_ref} if model_ref else {}),  # empty: embedded default
         "PREHEAT_SERVED_MODEL_NAME": model.served_name or name,
         "PREHEAT_PORT": str(ENGINE_PORT),
         # In-flight requests get the grace period less what the snapshot flush needs.

@@ -91,8 +91,8 @@ def _nonneg(value: Any, what: str) -> int:
 def parse_spec(spec: Mapping[str, Any]) -> ServiceSpec:
     model = spec.get("model") or {}
     chosen = [k for k in ("path", "pvc", "uri") if model.get(k)]
-    if len(chosen) != 1:
-        raise SpecError("InvalidModelSource", "model: set exactly one of path, pvc or uri")
+    if len(chosen) > 1:  # none: the engine's embedded default model
+        raise SpecError("InvalidModelSource", "model: set at most one of path, pvc or uri")
     pvc = model.get("pvc") or {}
     engine = spec.get("engine") or {}
     if not engine.get("image"):

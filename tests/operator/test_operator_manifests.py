@@ -1,0 +1,106 @@
+"""The CRD, the samples and everything the operator renders are valid Kubernetes objects."""
+
+from __future__ import annotations
+
+import copy
+import pathlib
+
+import kubernetes_validate
+import pytest
+import yaml
+
+import crd_schema
+from preheat.operator import render
+from preheat.operator.spec import parse_spec
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+K8S = "1.30.0"
+SAMPLES = sorted((ROOT / "examples").glob("inferenceservice-*.yaml"))
+
+
+def test_the_crd_is_a_valid_1_30_object():
+    crd = yaml.safe_load((ROOT / "crds" / "inferenceservices.yaml").read_text())
+    kubernetes_validate.validate(crd, K8S, strict=True)
+
+
+def test_there_are_samples():
+    assert len(SAMPLES) >= 2
+
+
+@pytest.mark.parametrize("sample", SAMPLES, ids=lambda p: p.name)
+def test_samples_pass_the_crd_schema(sample):
+    assert crd_schema.errors(yaml.safe_load(sample.read_text())) == []
+
+
+@pytest.mark.parametrize("sample", SAMPLES, ids=lambda p: p.name)
+def test_every_object_rendered_from_a_sample_is_a_valid_1_30_object(sample):
+    cr = crd_schema.apply_defaults(yaml.safe_load(sample.read_text()), crd_schema.load_schema())
+    spec = parse_spec(cr["spec"])
+    name, ns, uid = cr["metadata"]["name"], "default", "0b5f7e4e-5d0b-4c59-9d43-1b1f1e0c0a11"
+    objects = [
+        render.pod(name, ns, uid, spec, f"{name}-abc123", "warm"),
+        render.service(name, ns, uid),
+        render.snapshot_claim(name, ns, uid, spec),
+    ]
+    if spec.autoscaling:
+        objects.append(render.autoscaler(name, ns, uid, spec))
+    for obj in objects:
+        kubernetes_validate.validate(obj, K8S, strict=True)
+
+
+def test_crd_defaults_and_operator_defaults_agree():
+    bare = {"model": {}, "engine": {"image": "x"}, "snapshot": {}, "warmPool": {},
+            "readiness": {}}
+    defaulted = crd_schema.apply_defaults(
+        {"apiVersion": "serving.preheat.dev/v1alpha1", "kind": "InferenceService",
+         "metadata": {"name": "x"}, "spec": copy.deepcopy(bare)}, crd_schema.load_schema())
+    assert parse_spec(defaulted["spec"]) == parse_spec(bare)
+
+
+def _cr(**spec):
+    base = {"model": {"path": "/m"}, "engine": {"image": "img"}}
+    base.update(spec)
+    return {"apiVersion": "serving.preheat.dev/v1alpha1", "kind": "InferenceService",
+            "metadata": {"name": "svc"}, "spec": base}
+
+
+BAD = {
+    "no engine": ({"engine": None}, "'engine' is a required property"),
+    "negative replicas": ({"replicas": -1}, "-1 is less than the minimum of 0"),
+    "negative warm pool": ({"warmPool": {"size": -2}}, "-2 is less than the minimum of 0"),
+    "two model sources": ({"model": {"path": "/m", "uri": "hf://x"}},
+                          "model: set at most one of path, pvc or uri"),
+    "min above max": ({"autoscaling": {"minReplicas": 5, "maxReplicas": 2, "metric": {
+        "type": "Resource", "name": "cpu", "targetAverageUtilization": 80}}},
+        "autoscaling.minReplicas must be <= maxReplicas"),
+    "pods metric without target": ({"autoscaling": {"maxReplicas": 3, "metric": {
+        "type": "Pods", "name": "preheat_num_requests_running"}}},
+        "a Pods metric needs targetAverageValue"),
+    "bad snapshot size": ({"snapshot": {"size": "lots"}}, "'lots' does not match"),
+    "unknown access mode": ({"snapshot": {"accessMode": "ReadMany"}}, "is not one of"),
+    "unknown field": ({"replicaz": 3}, ".spec.replicaz: field not declared in schema"),
+    "pvc without claim": ({"model": {"pvc": {"path": "x"}}}, "'claimName' is a required property"),
+}
+
+
+@pytest.mark.parametrize("case", BAD, ids=list(BAD))
+def test_bad_resources_are_refused_with_a_clear_message(case):
+    patch, expected = BAD[case]
+    cr = _cr(**patch)
+    cr["spec"] = {k: v for k, v in cr["spec"].items() if v is not None}
+    found = crd_schema.errors(cr)
+    assert any(expected in e for e in found), found
+
+
+def test_a_too_long_name_is_refused():
+    cr = _cr()
+    cr["metadata"]["name"] = "x" * 53
+    assert crd_schema.errors(cr) == ["<root>: metadata.name must be at most 52 characters"]
+
+
+def test_the_1_30_validation_is_strict_and_offline():
+    # Guards the checks above from passing vacuously: a stray field must be refused.
+    pod = render.pod("x", "default", "uid", parse_spec(_cr()["spec"]), "x-1", "warm")
+    pod["spec"]["containers"][0]["bogus"] = True
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(pod, K8S, strict=True)
