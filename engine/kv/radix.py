@@ -158,6 +158,8 @@ class RadixCache:
 
     def unpin(self, node: RadixNode) -> None:
         while node is not self.root:
+            if node.pin_count <= 0:
+                raise RuntimeError("unpin of an unpinned radix node")
             node.pin_count -= 1
             if node.lock_ref == 0 and node.pin_count == 0:
                 self.protected_pages -= len(node.pages)
