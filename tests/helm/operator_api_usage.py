@@ -1,0 +1,81 @@
+"""Which (apiGroup, resource, verb) the operator uses, read from the operator's code.
+
+- Our client: every `<kube>.<verb>(<RESOURCE CONSTANT>, ..., subresource=...)` call in
+  operator/*.py (kube.py's verbs map 1:1 to RBAC verbs).
+- kopf handlers: `@kopf.on.event(...)` watches (list, watch); `@kopf.daemon/timer/on.*`
+  also patch the resource (kopf's finalizer and progress annotations).
+- kopf itself, triggered by calls in our code: `kopf.event(...)` creates core Events;
+  `kopf.run(namespaces=...)` lists/watches namespaces; a `peering_name` uses kopfpeerings.
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+from preheat.operator import resources
+
+OPERATOR_DIR = pathlib.Path(__file__).resolve().parents[2] / "operator"
+CLIENT_VERBS = {"get", "list", "create", "patch", "delete"}
+Rule = tuple[str, str, str]  # (apiGroup, resource[/subresource], verb)
+
+
+def _const(node: ast.AST) -> str | None:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.Name) and isinstance(getattr(resources, node.id, None), str):
+        return getattr(resources, node.id)
+    return None
+
+
+def _dotted(node: ast.AST) -> str:
+    if isinstance(node, ast.Attribute):
+        return f"{_dotted(node.value)}.{node.attr}"
+    return node.id if isinstance(node, ast.Name) else ""
+
+
+def _kopf_resource(call: ast.Call) -> tuple[str, str]:
+    args = [_const(a) for a in call.args]
+    if len(args) == 3:  # group, version, plural
+        return args[0] or "", args[2] or ""
+    version, plural = args[0] or "", args[1] or ""  # "v1", "pods": the core group
+    return ("" if "/" not in version else version.split("/")[0]), plural
+
+
+def used_rules(peering: bool, namespaced: bool = True) -> set[Rule]:
+    rules: set[Rule] = set()
+    for path in sorted(OPERATOR_DIR.glob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                    and node.func.attr in CLIENT_VERBS and node.args \
+                    and isinstance(node.args[0], ast.Name):
+                res = getattr(resources, node.args[0].id, None)
+                if isinstance(res, resources.Resource):
+                    sub = next((_const(k.value) for k in node.keywords
+                                if k.arg == "subresource"), None)
+                    name = f"{res.plural}/{sub}" if sub else res.plural
+                    rules.add((res.group, name, node.func.attr))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for deco in node.decorator_list:
+                    if not isinstance(deco, ast.Call):
+                        continue
+                    name = _dotted(deco.func)
+                    if name in ("kopf.on.event", "kopf.daemon", "kopf.timer") or (
+                            name.startswith("kopf.on.") and name not in (
+                                "kopf.on.startup", "kopf.on.login", "kopf.on.cleanup",
+                                "kopf.on.probe")):
+                        group, plural = _kopf_resource(deco)
+                        rules |= {(group, plural, "list"), (group, plural, "watch")}
+                        if name != "kopf.on.event":
+                            rules.add((group, plural, "patch"))
+            if isinstance(node, ast.Call) and _dotted(node.func) == "kopf.event":
+                rules.add(("", "events", "create"))
+            if isinstance(node, ast.Call) and _dotted(node.func) == "kopf.run":
+                kwargs = {k.arg for k in node.keywords}
+                if "namespaces" in kwargs:
+                    rules |= {("", "namespaces", "list"), ("", "namespaces", "watch")}
+                if "peering_name" in kwargs and peering:
+                    plural = "kopfpeerings" if namespaced else "clusterkopfpeerings"
+                    rules |= {("kopf.dev", plural, v) for v in ("get", "list", "watch", "patch")}
+    return rules

@@ -1,0 +1,166 @@
+"""The Helm chart: lints, renders valid 1.30 objects, refuses bad values, least-privilege RBAC."""
+
+from __future__ import annotations
+
+import pathlib
+import subprocess
+
+import kubernetes_validate
+import pytest
+import yaml
+
+import sys
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "operator"))
+import crd_schema  # noqa: E402
+from helm_tools import ensure_tools
+from operator_api_usage import used_rules
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "preheat"
+K8S = "1.30.0"
+
+RICH_VALUES = {
+    "image": {"repository": "registry.example.com/preheat/operator", "tag": "0.1.0-rc1"},
+    "operator": {"replicas": 2, "logLevel": "debug", "resyncSeconds": 15,
+                 "nodeSelector": {"kubernetes.io/os": "linux"},
+                 "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "ops",
+                                  "effect": "NoSchedule"}]},
+    "watch": {"namespaces": ["llm-prod", "llm-staging"]},
+    "serviceAccount": {"annotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/x"}},
+    "metrics": {"podMonitor": {"enabled": True, "interval": "15s",
+                               "labels": {"release": "prometheus"}}},
+    "example": {"enabled": True, "name": "demo", "replicas": 2, "warmPoolSize": 1},
+}
+
+
+@pytest.fixture(scope="module")
+def helm() -> str:
+    return str(ensure_tools()["helm"])
+
+
+def template(helm: str, tmp_path: pathlib.Path, values: dict | None = None,
+             sets: list[str] = ()) -> subprocess.CompletedProcess:
+    cmd = [helm, "template", "preheat", str(CHART), "--namespace", "preheat-system",
+           "--include-crds"]
+    if values is not None:
+        f = tmp_path / "values.yaml"
+        f.write_text(yaml.safe_dump(values))
+        cmd += ["-f", str(f)]
+    for s in sets:
+        cmd += ["--set", s]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+
+
+def rendered(helm: str, tmp_path: pathlib.Path, values: dict | None = None) -> list[dict]:
+    out = template(helm, tmp_path, values)
+    assert out.returncode == 0, out.stderr
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def test_the_chart_lints_strictly(helm, tmp_path):
+    for values in (None, RICH_VALUES):
+        cmd = [helm, "lint", "--strict", str(CHART)]
+        if values:
+            (tmp_path / "v.yaml").write_text(yaml.safe_dump(values))
+            cmd += ["-f", str(tmp_path / "v.yaml")]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("values", [None, RICH_VALUES], ids=["default", "rich"])
+def test_every_rendered_object_is_valid(helm, tmp_path, values):
+    objects = rendered(helm, tmp_path, values)
+    kinds = {o["kind"] for o in objects}
+    assert {"CustomResourceDefinition", "Deployment", "ServiceAccount", "ConfigMap",
+            "ClusterRole", "ClusterRoleBinding"} <= kinds
+    for obj in objects:
+        if obj["kind"] == "InferenceService":
+            assert crd_schema.errors(obj) == []  # our own kind: the CRD's schema and CEL
+        elif obj["kind"] == "PodMonitor":
+            # Prometheus Operator kind, not in the Kubernetes schemas: check what we rely on.
+            ep = obj["spec"]["podMetricsEndpoints"][0]
+            assert (ep["port"], ep["path"]) == ("http", "/metrics")
+        else:
+            kubernetes_validate.validate(obj, K8S, strict=True)
+
+
+def test_rich_values_reach_the_deployment(helm, tmp_path):
+    [dep] = [o for o in rendered(helm, tmp_path, RICH_VALUES) if o["kind"] == "Deployment"]
+    c = dep["spec"]["template"]["spec"]["containers"][0]
+    assert c["image"] == "registry.example.com/preheat/operator:0.1.0-rc1"
+    assert "--namespace=llm-prod" in c["args"] and "--namespace=llm-staging" in c["args"]
+    assert "--peering=preheat" in c["args"] and dep["spec"]["replicas"] == 2
+    assert "--log-level=debug" in c["args"]
+
+
+def test_the_charts_crd_is_the_repositorys_crd():
+    assert (CHART / "crds" / "inferenceservices.yaml").read_bytes() == \
+        (ROOT / "crds" / "inferenceservices.yaml").read_bytes()
+
+
+def test_the_warmup_configmap_carries_every_shipped_template(helm, tmp_path):
+    shipped = {p.name: p.read_text() for p in (ROOT / "warmup_templates").glob("*.yaml")}
+    copies = {p.name: p.read_text() for p in (CHART / "files" / "warmup-templates").glob("*.yaml")}
+    assert copies == shipped and shipped
+    [cm] = [o for o in rendered(helm, tmp_path) if o["kind"] == "ConfigMap"]
+    assert cm["metadata"]["name"] == "preheat-warmup-templates"
+    assert {k: v.strip() for k, v in cm["data"].items()} == \
+        {k: v.strip() for k, v in shipped.items()}
+
+
+BAD_VALUES = {
+    "negative replicas": (["operator.replicas=-1"],
+                          "at '/operator/replicas': minimum: got -1, want 0"),
+    "unknown key": (["operatr.replicas=1"], "additional properties 'operatr' not allowed"),
+    "bad log level": (["operator.logLevel=verbose"],
+                      "at '/operator/logLevel': value must be one of 'debug', 'info'"),
+    "bad namespace": (["watch.namespaces[0]=Not_A_Namespace"],
+                      "at '/watch/namespaces/0': 'Not_A_Namespace' does not match pattern"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_VALUES, ids=list(BAD_VALUES))
+def test_bad_values_fail_with_a_clear_message(helm, tmp_path, case):
+    sets, expected = BAD_VALUES[case]
+    out = template(helm, tmp_path, sets=sets)
+    assert out.returncode != 0
+    assert "values don't meet the specifications of the schema" in out.stderr
+    assert expected in out.stderr, out.stderr
+
+
+def _granted(objects: list[dict], kinds: set[str]) -> set[tuple[str, str, str]]:
+    granted = set()
+    for obj in objects:
+        if obj["kind"] in kinds:
+            for rule in obj["rules"]:
+                for g in rule["apiGroups"]:
+                    for r in rule["resources"]:
+                        for v in rule["verbs"]:
+                            granted.add((g, r, v))
+    return granted
+
+
+@pytest.mark.parametrize("values,peering,namespaced", [
+    (None, False, True),
+    ({"operator": {"replicas": 3}}, True, True),
+    ({"watch": {"allNamespaces": True}}, False, False),
+    ({"watch": {"allNamespaces": True}, "operator": {"replicas": 2}}, True, False),
+], ids=["namespaced", "namespaced-peering", "cluster", "cluster-peering"])
+def test_rbac_grants_exactly_what_the_operator_code_uses(helm, tmp_path, values, peering,
+                                                         namespaced):
+    objects = rendered(helm, tmp_path, values)
+    granted = _granted(objects, {"Role", "ClusterRole"})
+    needed = used_rules(peering=peering, namespaced=namespaced)
+    assert granted - needed == set(), "granted but never used"
+    assert needed - granted == set(), "used but not granted"
+    if namespaced:  # namespace-scoped grants except kopf's read-only namespace scan
+        cluster = _granted(objects, {"ClusterRole"})
+        assert cluster == {("", "namespaces", "list"), ("", "namespaces", "watch")}
+
+
+def test_the_rbac_check_notices_an_extra_grant(helm, tmp_path):
+    # The check above must be able to fail: a chart granting one verb more is caught.
+    objects = rendered(helm, tmp_path)
+    role = next(o for o in objects if o["kind"] == "Role")
+    role["rules"].append({"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]})
+    assert ("", "secrets", "get") in _granted(objects, {"Role"}) - used_rules(peering=False)
