@@ -1,0 +1,19 @@
+"""`preheat operator` flags become one OperatorConfig."""
+
+from preheat.operator.config import parse_args
+
+
+def test_defaults_to_one_namespace_standalone(monkeypatch):
+    monkeypatch.delenv("POD_NAMESPACE", raising=False)
+    cfg = parse_args(["--namespace", "llm"])
+    assert (cfg.namespaces, cfg.all_namespaces, cfg.standalone) == (("llm",), False, True)
+
+
+def test_peering_turns_standalone_off_and_all_namespaces_drops_the_list():
+    cfg = parse_args(["--all-namespaces", "--peering", "preheat"])
+    assert cfg.all_namespaces and not cfg.standalone and cfg.peering == "preheat"
+
+
+def test_the_pod_namespace_is_the_default_scope(monkeypatch):
+    monkeypatch.setenv("POD_NAMESPACE", "preheat-system")
+    assert parse_args([]).namespaces == ("preheat-system",)
