@@ -165,9 +165,15 @@ class AsyncEngine:
     async def generate(
         self, prompt: str | list[int], params: Any, request_id: str, *, internal: bool = False
     ) -> AsyncIterator[Any]:
-        """Yields the RequestOutputs of one request until it finishes."""
-        async for out in self.submit(prompt, params, request_id, internal=internal):
-            yield out
+        """Yields the RequestOutputs of one request until it finishes. Leaving early aborts
+        the request once the generator is closed: wrap it in `contextlib.aclosing` to make
+        that immediate (a bare `break` leaves the closing to garbage collection)."""
+        stream = self.submit(prompt, params, request_id, internal=internal)
+        try:
+            async for out in stream:
+                yield out
+        finally:
+            stream.close()
 
     def _release(self, request_id: str, abort: bool) -> None:
         with self._lock:
