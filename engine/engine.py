@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from preheat.engine.config import EngineConfig
+from preheat.engine.config import ConfigError, EngineConfig
 from preheat.engine.detokenizer import IncrementalDetokenizer
 from preheat.engine.kernels import attention
 from preheat.engine.kv.pool import KVPool, available_memory_bytes, pool_pages
@@ -88,6 +88,7 @@ class Engine:
         self.tokenizer = loaded.tokenizer
         self.served_model_name = config.served_model_name or loaded.served_name
         self.weights_from_cache = loaded.from_cache
+        self.hf_dir = loaded.hf_dir  # lets benchmarks and tests load the same weights in transformers
         spec = loaded.spec
         weights = {k: v.to(self.device) for k, v in fuse_weights(spec, loaded.weights).items()}
         inv_freq, scaling = rope_inv_freq(loaded.hf_config, spec.head_dim)
@@ -102,7 +103,12 @@ class Engine:
         )
 
         self.max_model_len = min(config.max_model_len or spec.max_position_embeddings, spec.max_position_embeddings)
-        self.kv_dtype = self.dtype
+        from preheat.engine.kernels.kv_fp8 import kv_storage_dtype
+
+        try:
+            self.kv_dtype = kv_storage_dtype(config.kv_cache_dtype, self.dtype, self.device)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         fraction = config.mem_fraction_static or (0.85 if self.device.type == "cuda" else 0.10)
         num_pages = pool_pages(
             spec.kv_bytes_per_token(self.kv_dtype),
@@ -131,6 +137,14 @@ class Engine:
         except ImportError as exc:  # structured output is optional for the core engine
             log.warning("structured output unavailable: %s", exc)
         self.runner = ModelRunner(self.model, self.pool, self.device, grammar_masks)
+        graphs = self.runner.setup_graphs(
+            min(config.cuda_graph_max_bs, config.max_num_seqs),
+            self.max_model_len,
+            config.disable_cuda_graph,
+            self.attention_backend,
+        )
+        self.cuda_graph_capture_seconds = graphs.capture_seconds
+        self.cuda_graph_batch_sizes = list(graphs.batch_sizes)
 
         self.stop_token_ids = self._default_stop_ids()
         self._rng = torch.Generator().manual_seed(config.seed)

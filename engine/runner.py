@@ -13,6 +13,7 @@ from typing import Callable
 
 import torch
 
+from preheat.engine.cuda_graph import CudaGraphRunner, DecodeInputs
 from preheat.engine.kv.pool import KVPool
 from preheat.engine.model.llama import AttentionMetadata, LlamaModel
 from preheat.engine.sampling import SampleResult, sample
@@ -71,10 +72,45 @@ class ModelRunner:
         )
         return torch.tensor(ids, dtype=torch.int64, device=dev), meta
 
+    def _decode_fn(self, inp: DecodeInputs) -> torch.Tensor:
+        meta = AttentionMetadata(
+            positions=inp.positions,
+            slots=inp.slots,
+            num_decode=inp.batch_size,
+            decode_page_table=inp.page_table,
+            decode_seq_lens=inp.seq_lens,
+            extend_page_table=None,
+            extend_prefix_lens=[],
+            extend_lens=[],
+        )
+        return self.model.forward(inp.input_ids, meta, self.pool)
+
+    def setup_graphs(
+        self, max_bs: int, max_model_len: int, disable: bool, attention_backend: str, on_capture=None
+    ) -> CudaGraphRunner:
+        """Captures decode graphs (on CUDA with the Triton backend) before the engine is
+        ready; elsewhere the runner decodes eagerly and logs why."""
+        ps = self.pool.page_size
+        self.graph_runner = CudaGraphRunner(
+            self._decode_fn,
+            max_bs=max_bs,
+            max_pages=(max_model_len + ps - 1) // ps,
+            device=self.device,
+            disable=disable,
+            # The reference decode reads int(seq_lens.max()): a host sync a graph cannot hold.
+            eager_because=None if attention_backend == "triton" else "attention backend is torch",
+            on_capture=on_capture,
+        )
+        with torch.inference_mode():
+            self.graph_runner.capture()
+        return self.graph_runner
+
     def decode_forward(self, input_ids: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        if self.graph_runner is not None and self.graph_runner.can_run(meta):
-            return self.graph_runner.replay(input_ids, meta)
-        return self.model.forward(input_ids, meta, self.pool)
+        if self.graph_runner is None or not self.graph_runner.enabled:
+            return self.model.forward(input_ids, meta, self.pool)
+        return self.graph_runner.run(
+            DecodeInputs(input_ids, meta.positions, meta.slots, meta.decode_page_table, meta.decode_seq_lens)
+        )
 
     @torch.inference_mode()
     def run(self, decode: list[BatchEntry], extend: list[BatchEntry]) -> SampleResult | None:

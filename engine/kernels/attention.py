@@ -33,7 +33,9 @@ def set_backend(device: torch.device, prefer_triton: bool = True) -> str:
         extend_attention=reference.extend_attention,
     )
     backend_name = "torch"
-    if device.type == "cuda" and prefer_triton:
+    from preheat.engine.kernels.backend import select_attention_backend
+
+    if prefer_triton and select_attention_backend(device) == "triton":
         try:
             from preheat.engine.kernels import triton_attention, triton_kv
 

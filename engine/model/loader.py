@@ -45,6 +45,7 @@ class LoadedModel:
     source: str
     served_name: str
     from_cache: bool
+    hf_dir: str | None = None  # a Hugging Face directory holding exactly these weights
 
 
 def default_model_path() -> str:
@@ -100,6 +101,7 @@ def load_model(model: str | None, dtype: torch.dtype, weight_cache_dir: str | No
         try:
             loaded = _load_hf_dir(cached, dtype, served, source)
             loaded.from_cache = True
+            loaded.hf_dir = str(cached)
             log.info("weights: loaded %s from cache %s in %.1fs", path.name, cached, time.monotonic() - started)
             return loaded
         except Exception as exc:  # a damaged cache entry is rebuilt, never fatal
@@ -107,6 +109,7 @@ def load_model(model: str | None, dtype: torch.dtype, weight_cache_dir: str | No
     loaded = _load_gguf(path, dtype, served)
     try:
         _write_cache_entry(cached, loaded)
+        loaded.hf_dir = str(cached)
         log.info("weights: wrote converted weights to cache %s", cached)
     except OSError as exc:
         log.warning("weights: could not write cache %s (%s); next start converts again", cached, exc)
@@ -140,7 +143,7 @@ def _load_hf_dir(path: Path, dtype: torch.dtype, served: str, source: str) -> Lo
     for f in files:
         for name, tensor in load_file(str(f)).items():
             weights[name] = tensor if tensor.dtype == dtype else tensor.to(dtype)
-    return LoadedModel(config, spec, tokenizer, weights, source, served, False)
+    return LoadedModel(config, spec, tokenizer, weights, source, served, False, str(path))
 
 
 def _write_cache_entry(target: Path, loaded: LoadedModel) -> None:
