@@ -9,6 +9,7 @@ forward pass and sampling (engine/runner.py), and reports what moved. `add_reque
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import itertools
 import logging
 import threading
@@ -23,7 +24,10 @@ from preheat.engine.config import ConfigError, EngineConfig
 from preheat.engine.detokenizer import IncrementalDetokenizer
 from preheat.engine.kernels import attention
 from preheat.engine.kv.pool import KVPool, available_memory_bytes, pool_pages
+from preheat.engine.kv import prefix_io
 from preheat.engine.kv.radix import RadixCache
+from preheat.engine.kv.snapshot import PrefixRecord, model_fingerprint, tokenizer_hash
+from preheat.engine.kv.tiers import KVTiers, page_keys, root_key
 from preheat.engine.model.llama import LlamaModel, RotaryEmbedding
 from preheat.engine.model.loader import fuse_weights, load_model
 from preheat.engine.model.spec import rope_inv_freq
@@ -87,6 +91,7 @@ class Engine:
         self.model_config = loaded.spec
         self.tokenizer = loaded.tokenizer
         self.served_model_name = config.served_model_name or loaded.served_name
+        self.weights_id = loaded.weights_id
         self.weights_from_cache = loaded.from_cache
         self.hf_dir = loaded.hf_dir  # lets benchmarks and tests load the same weights in transformers
         spec = loaded.spec
@@ -126,6 +131,18 @@ class Engine:
             self.pool.bytes / 2**30,
         )
         self.radix = RadixCache(self.pool) if config.enable_prefix_caching else None
+        self.fingerprint = self._fingerprint()
+        self.tiers = KVTiers.from_config(config) if self.radix is not None else None
+        self._tier_root = root_key(self.fingerprint)
+        if self.tiers is not None:
+            self.radix.on_evict = self._offload
+            log.info(
+                "kv tiers: L2 %.2f GiB host memory, L3 %s, prefetch %s",
+                config.host_cache_size, config.disk_cache_dir or "off", config.prefetch_policy,
+            )
+        self.tier_hit_tokens = {"l1": 0, "l2": 0, "l3": 0}
+        self.tier_restore_seconds: list[float] = []  # L2/L3 -> L1 copy times, drained by metrics
+        self.pinned: dict[tuple[int, ...], Any] = {}
 
         self.grammar_backend: Any = None
         grammar_masks = None
@@ -159,6 +176,7 @@ class Engine:
         self._cached_tokens = 0
         self._generation_tokens = 0
         self._preemptions = 0
+        self._calls: list[tuple[Any, tuple, concurrent.futures.Future]] = []
 
     # --- requests ----------------------------------------------------------------------
     def _default_stop_ids(self) -> set[int]:
@@ -236,7 +254,7 @@ class Engine:
 
     def has_unfinished(self) -> bool:
         with self._lock:
-            pending = bool(self._inbox or self._aborts)
+            pending = bool(self._inbox or self._aborts or self._calls)
         return pending or bool(self.waiting or self.running)
 
     def stats(self) -> EngineStats:
@@ -297,6 +315,9 @@ class Engine:
             self.radix.lock(match.node)
             seq.node, seq.pages = match.node, list(match.pages)
             seq.num_shared, seq.num_computed = len(match.pages), match.length
+            if self.tiers is not None:
+                self._bring_back(tokens[: len(tokens) - 1], seq)
+            self.tier_hit_tokens["l1"] += match.length
         if seq.cached_tokens is None:
             seq.cached_tokens = seq.num_computed
             self._prompt_tokens += len(seq.prompt_token_ids)
@@ -316,6 +337,13 @@ class Engine:
         with self._lock:
             new, self._inbox = self._inbox, []
             aborts, self._aborts = self._aborts, set()
+            calls, self._calls = self._calls, []
+        for fn, args, future in calls:
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn(*args))
+                except BaseException as exc:  # handed to the caller, never kills the step loop
+                    future.set_exception(exc)
         self.waiting.extend(new)
         outputs = []
         if aborts:
@@ -471,3 +499,115 @@ class Engine:
             logprobs=list(seq.logprobs) if seq.logprobs is not None else None,
             new_logprobs=new_lps,
         )
+
+    # --- warm start: calls on the stepping thread, pinning, snapshots, tiers ----------------
+    def call_soon(self, fn: Any, *args: Any) -> concurrent.futures.Future:
+        """Runs fn(*args) on the stepping thread at the start of the next step (the pool and
+        the radix tree are not thread-safe). The step loop sees pending calls as work."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        with self._lock:
+            self._calls.append((fn, args, future))
+        return future
+
+    def _fingerprint(self) -> dict[str, Any]:
+        tok = self.tokenizer
+        spec = self.model_config
+        return model_fingerprint(
+            architecture=spec.architecture,
+            num_layers=spec.num_layers,
+            num_kv_heads=spec.num_kv_heads,
+            head_dim=spec.head_dim,
+            dtype=self.kv_dtype,
+            page_size=self.pool.page_size,
+            tokenizer_hash=tokenizer_hash(
+                tok.get_vocab(),
+                special_tokens={k: str(v) for k, v in tok.special_tokens_map.items()},
+                chat_template=getattr(tok, "chat_template", None),
+            ),
+            model_id=self.weights_id,
+        )
+
+    def pin_prefix(self, token_ids: list[int]) -> int:
+        """Keeps the cached, page-aligned part of this prefix from eviction (stepping thread).
+        Returns the tokens pinned: 0 when the prefix is not cached yet (run it first)."""
+        if self.radix is None:
+            return 0
+        ps = self.pool.page_size
+        aligned = list(token_ids[: len(token_ids) - len(token_ids) % ps])
+        match = self.radix.match_prefix(aligned, touch=False)
+        if match.length == 0:
+            return 0
+        key = tuple(aligned[: match.length])
+        if key not in self.pinned:
+            self.radix.pin(match.node)
+            self.pinned[key] = match.node
+        return match.length
+
+    def export_prefixes(self, max_tokens: int | None) -> list[PrefixRecord]:
+        """The hottest cached prefixes with their KV, pinned first (stepping thread)."""
+        if self.radix is None:
+            return []
+        return prefix_io.export_prefixes(self.pool, self.radix, max_tokens)
+
+    def import_prefixes(self, records: list[PrefixRecord]) -> int:
+        """Puts restored prefixes into the cache, pinning those recorded as pinned; returns
+        tokens restored (stepping thread, or before the loop starts)."""
+        if self.radix is None:
+            return 0
+        restored = 0
+        for record in records:
+            node = prefix_io.import_prefix(
+                self.pool, self.radix, list(record.token_ids),
+                lambda start, end, kv=record.kv: kv[:, :, start:end], self._alloc,
+            )
+            if node is None:
+                log.warning("snapshot: no room in the KV pool for the remaining prefixes")
+                break
+            node.hits = max(node.hits, record.hits)
+            restored += len(record.token_ids)
+            if record.pinned:
+                self.pin_prefix(list(record.token_ids))
+        return restored
+
+    def _offload(self, path_tokens: list[int], pages: list[int]) -> None:
+        """Radix eviction hook: evicted pages go down to L2/L3 instead of being dropped."""
+        assert self.tiers is not None
+        keys = page_keys(path_tokens, self.pool.page_size, self._tier_root)[-len(pages):]
+        kv = prefix_io.read_pages(self.pool, pages)
+        ps = self.pool.page_size
+        for i, key in enumerate(keys):
+            self.tiers.offload(key, kv[:, :, i * ps : (i + 1) * ps].contiguous())
+
+    def _bring_back(self, tokens: list[int], seq: Sequence) -> None:
+        """Extends a radix match with pages found in L2/L3 (by the prefetch policy), then
+        re-matches so the sequence starts after them."""
+        assert self.radix is not None and self.tiers is not None
+        ps = self.pool.page_size
+        aligned = tokens[: len(tokens) - len(tokens) % ps]
+        start_page = seq.num_shared
+        if start_page * ps >= len(aligned):
+            return
+        keys = page_keys(aligned, ps, self._tier_root)[start_page:]
+        if self.tiers.locate(keys[:1])[0] is None:
+            return
+        t0 = time.perf_counter()
+        fetched = self.tiers.fetch(keys)
+        if not fetched.pages:
+            return
+        n = len(fetched.pages)
+        end = (start_page + n) * ps
+        kv = torch.cat(fetched.pages, dim=2)
+        node = prefix_io.import_prefix(
+            self.pool, self.radix, aligned[:end], lambda a, b: kv[:, :, a - start_page * ps : b - start_page * ps],
+            self._alloc,
+        )
+        if node is None:
+            return
+        self.tier_restore_seconds.append(time.perf_counter() - t0)
+        for tier in fetched.tiers:
+            self.tier_hit_tokens[tier] += ps
+        match = self.radix.match_prefix(tokens)
+        self.radix.lock(match.node)
+        self.radix.unlock(seq.node)
+        seq.node, seq.pages = match.node, list(match.pages)
+        seq.num_shared, seq.num_computed = len(match.pages), match.length

@@ -46,6 +46,7 @@ class LoadedModel:
     served_name: str
     from_cache: bool
     hf_dir: str | None = None  # a Hugging Face directory holding exactly these weights
+    weights_id: str = ""  # identifies the weights (snapshot fingerprints): GGUF digest or dir digest
 
 
 def default_model_path() -> str:
@@ -93,20 +94,25 @@ def load_model(model: str | None, dtype: torch.dtype, weight_cache_dir: str | No
         raise ValueError(f"--model {source!r}: expected a Hugging Face directory or a .gguf file")
     cache_root = None if weight_cache_dir == "off" else Path(weight_cache_dir or default_weight_cache_dir())
     if cache_root is None:
-        return _load_gguf(path, dtype, served)
+        loaded = _load_gguf(path, dtype, served)
+        loaded.weights_id = "sha256:" + file_digest(path)
+        return loaded
     started = time.monotonic()
-    key = f"{file_digest(path)[:32]}-{str(dtype).removeprefix('torch.')}-v{CACHE_FORMAT}"
+    digest = file_digest(path)
+    key = f"{digest[:32]}-{str(dtype).removeprefix('torch.')}-v{CACHE_FORMAT}"
     cached = cache_root / key
     if (cached / "DONE").is_file():
         try:
             loaded = _load_hf_dir(cached, dtype, served, source)
             loaded.from_cache = True
             loaded.hf_dir = str(cached)
+            loaded.weights_id = "sha256:" + digest
             log.info("weights: loaded %s from cache %s in %.1fs", path.name, cached, time.monotonic() - started)
             return loaded
         except Exception as exc:  # a damaged cache entry is rebuilt, never fatal
             log.warning("weights: cache entry %s unusable (%s); converting again", cached, exc)
     loaded = _load_gguf(path, dtype, served)
+    loaded.weights_id = "sha256:" + digest
     try:
         _write_cache_entry(cached, loaded)
         loaded.hf_dir = str(cached)
@@ -143,7 +149,19 @@ def _load_hf_dir(path: Path, dtype: torch.dtype, served: str, source: str) -> Lo
     for f in files:
         for name, tensor in load_file(str(f)).items():
             weights[name] = tensor if tensor.dtype == dtype else tensor.to(dtype)
-    return LoadedModel(config, spec, tokenizer, weights, source, served, False, str(path))
+    return LoadedModel(config, spec, tokenizer, weights, source, served, False, str(path), _dir_digest(files))
+
+
+def _dir_digest(files: list[Path]) -> str:
+    """Names, sizes and the first MiB of each weight file: cheap, and different for any two
+    real checkpoints (a fine-tune changes the leading tensors' bytes)."""
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.name.encode())
+        h.update(str(f.stat().st_size).encode())
+        with open(f, "rb") as fh:
+            h.update(fh.read(1 << 20))
+    return "sha256:" + h.hexdigest()
 
 
 def _write_cache_entry(target: Path, loaded: LoadedModel) -> None:

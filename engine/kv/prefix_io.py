@@ -1,0 +1,80 @@
+"""Moving cached prefixes between the KV pool / radix tree and the outside: snapshot export
+and restore, and the L2/L3 tiers' offload and bring-back of single pages.
+
+Runs on the engine's stepping thread (the pool and tree are not thread-safe).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from preheat.engine.kv.pool import KVPool
+from preheat.engine.kv.radix import RadixCache, RadixNode
+from preheat.engine.kv.snapshot import PrefixRecord, choose_records
+
+
+def read_pages(pool: KVPool, pages: list[int]) -> torch.Tensor:
+    """KV of whole pages as [num_layers, 2, len(pages) * page_size, kvh, hd] on the CPU."""
+    index = torch.tensor(pages, dtype=torch.int64, device=pool.kv.device)
+    kv = pool.kv.index_select(2, index)  # [L, 2, n, ps, kvh, hd]
+    L, two, n, ps, kvh, hd = kv.shape
+    return kv.reshape(L, two, n * ps, kvh, hd).to("cpu")
+
+
+def write_pages(pool: KVPool, pages: list[int], kv: torch.Tensor) -> None:
+    """Inverse of read_pages."""
+    L, two, tokens, kvh, hd = kv.shape
+    ps = pool.page_size
+    blocks = kv.reshape(L, two, tokens // ps, ps, kvh, hd).to(device=pool.kv.device, dtype=pool.kv.dtype)
+    index = torch.tensor(pages, dtype=torch.int64, device=pool.kv.device)
+    pool.kv.index_copy_(2, index, blocks)
+
+
+def export_prefixes(pool: KVPool, radix: RadixCache, max_tokens: int | None) -> list[PrefixRecord]:
+    """The hottest cached prefixes: every pinned prefix first, then whole root-to-leaf paths
+    by hits, most recently used first among equals, within max_tokens."""
+    pinned = [n for n in radix.nodes() if n.pin_count > 0 and not any(c.pin_count > 0 for c in n.children.values())]
+    leaves = [n for n in radix.nodes() if n.is_leaf and n.pin_count == 0]
+    leaves.sort(key=lambda n: n.last_access, reverse=True)
+    candidates: list[tuple[RadixNode, bool]] = [(n, True) for n in pinned] + [(n, False) for n in leaves]
+    chosen = choose_records(
+        candidates,
+        max_tokens,
+        tokens=lambda c: len(radix.path_tokens(c[0])),
+        pinned=lambda c: c[1],
+        hits=lambda c: c[0].hits,
+    )
+    return [
+        PrefixRecord(radix.path_tokens(node), read_pages(pool, radix.path_pages(node)), node.hits, is_pinned)
+        for node, is_pinned in chosen
+    ]
+
+
+def import_prefix(
+    pool: KVPool,
+    radix: RadixCache,
+    token_ids: list[int],
+    kv_for: Callable[[int, int], torch.Tensor],
+    alloc: Callable[[int], list[int] | None],
+) -> RadixNode | None:
+    """Puts a prefix into the tree. `kv_for(start, end)` gives the KV of tokens [start, end)
+    (whole pages) and is only called for the part not already cached. Returns the node the
+    prefix ends at, or None when the pool has no room."""
+    match = radix.match_prefix(token_ids, touch=False)
+    if match.length == len(token_ids):
+        return match.node
+    radix.lock(match.node)  # the allocation below may evict; not this
+    try:
+        pages = alloc((len(token_ids) - match.length) // pool.page_size)
+        if pages is None:
+            return None
+        write_pages(pool, pages, kv_for(match.length, len(token_ids)))
+        tree_pages, node = radix.insert(token_ids, match.pages + pages)
+    finally:
+        radix.unlock(match.node)
+    duplicates = [p for p, q in zip(match.pages + pages, tree_pages) if p != q]
+    if duplicates:
+        pool.free(duplicates)
+    return node
