@@ -158,6 +158,16 @@ def test_when_decodes_do_not_fit_the_newest_admitted_are_preempted_and_nothing_i
     assert p.admit == [] and p.extend == []  # the pool is under pressure: no admissions
 
 
+def test_a_step_that_preempts_admits_nothing_even_when_the_victim_freed_plenty() -> None:
+    # "big" gives back 10 pages, far more than "a" needs; admitting "w" with them would only
+    # make the next step preempt again.
+    running = [decoding("a", 9), decoding("big", 41)]
+    p = plan(running, [waiting("w", 2)], free_pages=1)
+    assert p.preempt == ["big"]
+    assert p.decode == ["a"]
+    assert p.admit == [] and p.extend == []
+
+
 def test_preemption_goes_newest_first_until_the_rest_fit() -> None:
     running = [decoding("a", 9, reclaimable=0), decoding("b", 9, reclaimable=0), decoding("c", 9, reclaimable=0)]
     p = plan(running, free_pages=1)  # preempting gives nothing back: only "a" can continue
