@@ -39,9 +39,10 @@ def decode_attention(
     page_size, kvh = k_cache.shape[1], k_cache.shape[2]
     max_len = int(seq_lens.max())
     pages_needed = (max_len + page_size - 1) // page_size
-    slots = _slot_index(page_table[:, :pages_needed], page_size)[:, :max_len]
-    keys = k_cache.view(-1, kvh, hd)[slots].to(q.dtype)  # [B, L, kvh, hd]
-    values = v_cache.view(-1, kvh, hd)[slots].to(q.dtype)
+    slots = _slot_index(page_table[:, :pages_needed], page_size)[:, :max_len].reshape(-1)
+    # index_select on a flat view is several times faster than advanced indexing on CPU.
+    keys = k_cache.view(-1, kvh, hd).index_select(0, slots).view(batch, max_len, kvh, hd).to(q.dtype)
+    values = v_cache.view(-1, kvh, hd).index_select(0, slots).view(batch, max_len, kvh, hd).to(q.dtype)
     valid = torch.arange(max_len, device=q.device) < seq_lens.to(q.device).unsqueeze(1)
     out = F.scaled_dot_product_attention(
         q.unsqueeze(2),  # [B, H, 1, hd]
@@ -77,8 +78,8 @@ def extend_attention(
         total = prefix + extend
         pages = (total + page_size - 1) // page_size
         slots = _slot_index(page_table[i : i + 1, :pages], page_size)[0, :total]
-        keys = k_flat[slots].to(q.dtype).transpose(0, 1).unsqueeze(0)  # [1, kvh, total, hd]
-        values = v_flat[slots].to(q.dtype).transpose(0, 1).unsqueeze(0)
+        keys = k_flat.index_select(0, slots).to(q.dtype).transpose(0, 1).unsqueeze(0)  # [1, kvh, total, hd]
+        values = v_flat.index_select(0, slots).to(q.dtype).transpose(0, 1).unsqueeze(0)
         queries = q[start : start + extend].transpose(0, 1).unsqueeze(0)  # [1, H, extend, hd]
         if prefix == 0:
             mask = None
