@@ -23,6 +23,9 @@ class SeqView:
     num_pages: int  # pages it holds
     reclaimable_pages: int = 0  # pages that preempting it would give back
     cached_len: int = 0  # waiting only: prompt tokens the prefix cache would serve
+    # waiting only: pages of that cached prefix now evictable (so counted in free_pages);
+    # admitting locks them, so they stop being free.
+    cached_evictable_pages: int = 0
 
 
 @dataclass
@@ -105,12 +108,12 @@ def plan_step(
         n = min(s.num_tokens - start, budget)
         pages = pages_for(start + n, page_size) - pages_for(start, page_size)
         # Leave a page per decoding sequence so admitting does not force a preemption next step.
-        if pages + len(plan.decode) > free_pages:
+        if pages + s.cached_evictable_pages + len(plan.decode) > free_pages:
             break  # first come, first served: later arrivals do not jump the queue
         plan.extend.append((s.seq_id, n))
         plan.admit.append(s.seq_id)
         plan.pages[s.seq_id] = pages
-        free_pages -= pages
+        free_pages -= pages + s.cached_evictable_pages
         budget -= n
         active += 1
     return plan
