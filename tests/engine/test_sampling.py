@@ -256,3 +256,20 @@ def test_eos_stops_generation_unless_ignore_eos(tiny_llama_dir: Path, tmp_path: 
     ignored = llm.generate(PROMPTS[0], greedy)[0]
     assert ignored.finish_reason == "length"
     assert ignored.token_ids == tokens
+
+
+def test_streamed_text_pieces_join_to_the_final_text_and_never_show_the_stop_string(llm: LLM) -> None:
+    full = llm.generate(PROMPTS[3], SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))[0]
+    stop = full.text[8:11]
+    engine = llm.engine
+    rid = engine.add_request(PROMPTS[3], SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, stop=[stop]))
+    pieces: list[str] = []
+    final = None
+    while final is None:
+        for out in engine.step():
+            if out.request_id == rid:
+                pieces.append(out.new_text)
+                assert stop not in "".join(pieces)  # held back while it could still become the stop
+                if out.finished:
+                    final = out
+    assert "".join(pieces) == final.text == full.text[: full.text.index(stop)]

@@ -136,6 +136,18 @@ def test_cached_prefix_tokens_are_neither_computed_nor_given_pages() -> None:
     assert uncached.pages == {"w": 6}
 
 
+def test_admitting_locks_the_cached_prefix_so_its_evictable_pages_stop_counting_as_free() -> None:
+    # free_pages counts evictable cache pages; 4 of them are the very prefix "w" would lock.
+    # Counting them as room for w's new page (and the decode's) would leave the decode
+    # without a page once w is admitted, and the engine would preempt it.
+    running = [decoding("d", 25)]  # needs a page this step
+    w = SeqView("w", 20, 0, 0, 0, cached_len=16, cached_evictable_pages=4)
+    assert plan(running, [w], free_pages=4).admit == []
+    assert plan(running, [w], free_pages=7).admit == ["w"]  # 1 for d, 1 for w, 4 locked, 1 spare for d
+    shared = SeqView("w", 20, 0, 0, 0, cached_len=16, cached_evictable_pages=0)  # already locked by others
+    assert plan(running, [shared], free_pages=4).admit == ["w"]
+
+
 def test_admission_leaves_a_page_per_decode_so_the_next_step_need_not_preempt() -> None:
     # Two decodes need no page now; the request needs 2 of the 3 free pages, which would
     # leave one page for two decodes that may each cross a page boundary next step.
@@ -218,7 +230,8 @@ def states(draw: st.DrawFn) -> dict:
         num_tokens = draw(st.integers(1, 200))
         # The cache serves whole pages and never the prompt's last token (its logits are needed).
         cached = draw(st.integers(0, (num_tokens - 1) // page_size)) * page_size
-        queue.append(SeqView(f"w{i}", num_tokens, 0, 0, 0, cached))
+        evictable = draw(st.integers(0, cached // page_size))
+        queue.append(SeqView(f"w{i}", num_tokens, 0, 0, 0, cached, evictable))
     return dict(
         running=running,
         queue=queue,
@@ -247,7 +260,8 @@ def test_random_states_plan_within_pages_budget_and_seat_limits(state: dict) -> 
     # enough for the tokens each sequence computes this step.
     reclaimed = sum(by_id[sid].reclaimable_pages for sid in p.preempt)
     assert all(n >= 0 for n in p.pages.values())
-    assert sum(p.pages.values()) <= state["free_pages"] + reclaimed
+    locked_by_admission = sum(by_id[sid].cached_evictable_pages for sid in p.admit)
+    assert sum(p.pages.values()) + locked_by_admission <= state["free_pages"] + reclaimed
     for sid in p.decode:
         s = by_id[sid]
         assert s.num_computed == s.num_tokens - 1
