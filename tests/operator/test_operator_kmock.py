@@ -157,8 +157,11 @@ async def test_a_service_gets_owned_children_exact_status_and_promotes_on_scale(
     async def pool_backfilled():
         return len(await pods_of(kube, "chat", "warm")) == 1
     await eventually(pool_backfilled)
-    st = (await kube.get(INFERENCE_SERVICES, NS, "chat"))["status"]
-    assert st["replicas"] == 3 and st["readyReplicas"] == 3 and st["observedGeneration"] == 2
+    # The status follows the pods within one reconcile pass.
+    async def status_after_scale():
+        st = (await kube.get(INFERENCE_SERVICES, NS, "chat"))["status"]
+        return (st["replicas"], st["readyReplicas"], st["observedGeneration"]) == (3, 3, 2)
+    await eventually(status_after_scale)
 
     # Every promotion is an event on the resource.
     async def promotion_event():
