@@ -1,0 +1,348 @@
+"""The local kubelet: TEST HARNESS code that runs each Pod's container as a local process.
+
+It is not a Kubernetes component and isolates nothing (no image, no namespaces, no cgroups).
+It does what the operator and the scenario can observe of a kubelet:
+
+- watches the Pods of one namespace; for each new pod it lays out the volumes as local
+  directories, starts the container's command + args as a process in its own process group
+  (podmap.plan: env mapped, ports on 127.0.0.1), and writes the pod status;
+- probes the startupProbe, then the readinessProbe, at their periods, and reports
+  ContainersReady / Ready (Ready also waits for the pod's readinessGates, which the operator
+  opens) with containerStatuses, podIP 127.0.0.1, phase Running;
+- restarts an exited container in place under restartPolicy Always (restartCount + 1);
+- on pod deletion sends SIGTERM to the process group, SIGKILL after the grace period;
+- evict(): what a kubelet does under node pressure — stop the container, phase Failed.
+
+Liveness probes, resource limits, image pulls and init containers are not modelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import logging
+import os
+import signal
+import socket
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import httpx
+
+from e2e import podmap, podstatus
+from e2e.watch import watch
+
+log = logging.getLogger("e2e.kubelet")
+STRATEGIC = {"Content-Type": "application/strategic-merge-patch+json"}
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@dataclass
+class PodRuntime:
+    uid: str
+    name: str
+    pod: dict[str, Any]  # the latest object seen
+    state: podstatus.ContainerState = field(default_factory=podstatus.ContainerState)
+    phase: str = "Pending"
+    reason: str | None = None
+    message: str | None = None
+    port: int | None = None
+    plan: podmap.ProcessPlan | None = None  # how the container was mapped, last start
+    proc: asyncio.subprocess.Process | None = None
+    pids: list[int] = field(default_factory=list)  # every process started for this pod
+    exit_codes: list[int] = field(default_factory=list)
+    logs: list[Path] = field(default_factory=list)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+    final_phase: str | None = None  # set by evict(): the phase to report after stopping
+    task: asyncio.Task | None = None
+
+
+class LocalKubelet:
+    def __init__(self, api_url: str, namespace: str, root: Path, *,
+                 commands: Mapping[str, Sequence[str]],
+                 node_dirs: Mapping[str, Path] | None = None,
+                 base_env: Mapping[str, str] | None = None,
+                 restart_backoff_s: float = 1.0, max_grace_s: float | None = None) -> None:
+        self.namespace = namespace
+        self.root = root
+        self.commands = dict(commands)
+        self.node_dirs = dict(node_dirs or {})
+        self.base_env = dict(base_env or {})
+        self.restart_backoff_s = restart_backoff_s  # a real kubelet starts at 10 s
+        self.max_grace_s = max_grace_s  # caps the grace period at harness shutdown only
+        self.pods: dict[str, PodRuntime] = {}  # uid -> runtime, while the pod exists
+        self.finished: list[PodRuntime] = []
+        self._client = httpx.AsyncClient(base_url=api_url.rstrip("/"), timeout=10)
+        self._tasks: list[asyncio.Task] = []
+        self._done: set[str] = set()  # uids whose pod has finished here
+        self._closing = False
+
+    # -- what tests ask --
+
+    def by_name(self, name: str) -> PodRuntime:
+        for rt in self.pods.values():
+            if rt.name == name:
+                return rt
+        raise KeyError(f"no running pod {name!r}")
+
+    def url(self, name: str) -> str:
+        rt = self.by_name(name)
+        assert rt.port is not None, f"pod {name} has no process yet"
+        return f"http://127.0.0.1:{rt.port}"
+
+    def all_pids(self) -> list[int]:
+        return [pid for rt in [*self.pods.values(), *self.finished] for pid in rt.pids]
+
+    def live_pids(self) -> list[int]:
+        return [pid for pid in self.all_pids() if _alive(pid)]
+
+    async def kill(self, name: str, sig: int = signal.SIGKILL) -> int:
+        """Crash the pod's container (as an OOM kill would); returns the pid killed."""
+        rt = self.by_name(name)
+        assert rt.proc is not None and rt.proc.returncode is None, f"{name} is not running"
+        os.killpg(rt.proc.pid, sig)
+        return rt.proc.pid
+
+    async def evict(self, name: str, reason: str = "Evicted",
+                    message: str = "the node was low on resources (e2e harness)") -> None:
+        rt = self.by_name(name)
+        rt.reason, rt.message, rt.final_phase = reason, message, "Failed"
+        rt.stop.set()
+        if rt.task is not None:
+            await asyncio.shield(rt.task)
+
+    # -- lifecycle --
+
+    async def __aenter__(self) -> "LocalKubelet":
+        path = f"/api/v1/namespaces/{self.namespace}/pods"
+        self._tasks = [asyncio.create_task(watch(self._client, path, self._on_event)),
+                       asyncio.create_task(self._housekeeping(path))]
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        self._closing = True
+        for t in self._tasks:
+            t.cancel()
+        for rt in list(self.pods.values()):
+            rt.stop.set()
+        workers = [rt.task for rt in self.pods.values() if rt.task is not None]
+        with contextlib.suppress(Exception):
+            await asyncio.gather(*workers, return_exceptions=True)
+        for pid in self.live_pids():  # the last net: nothing outlives the harness
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._client.aclose()
+
+    # -- the sync loop --
+
+    async def _on_event(self, kind: str, pod: dict[str, Any]) -> None:
+        uid = pod["metadata"]["uid"]
+        rt = self.pods.get(uid)
+        if kind == "DELETED" or pod["metadata"].get("deletionTimestamp"):
+            if rt is not None:
+                rt.stop.set()
+            return
+        if rt is None:
+            if uid in self._done or (pod.get("status") or {}).get("phase") in (
+                    "Succeeded", "Failed"):
+                return  # a pod runs once: a finished (or late-reported) one is not restarted
+            rt = PodRuntime(uid=uid, name=pod["metadata"]["name"], pod=pod)
+            self.pods[uid] = rt
+            rt.task = asyncio.create_task(self._run(rt))
+        else:
+            rt.pod = pod
+            rt.wake.set()  # e.g. the operator opened the readiness gate
+
+    async def _housekeeping(self, path: str) -> None:
+        """A missed DELETED (a dropped watch) must not leave a process running."""
+        while True:
+            await asyncio.sleep(2)
+            with contextlib.suppress(httpx.HTTPError):
+                resp = await self._client.get(path)
+                if resp.status_code == 200:
+                    present = {p["metadata"]["uid"] for p in resp.json().get("items") or []}
+                    for uid, rt in list(self.pods.items()):
+                        if uid not in present:
+                            rt.stop.set()
+
+    async def _report(self, rt: PodRuntime) -> None:
+        desired = podstatus.status(rt.pod, rt.state, rt.phase, _now(), rt.reason, rt.message)
+        if not podstatus.differs(rt.pod.get("status"), desired):
+            return
+        path = f"/api/v1/namespaces/{self.namespace}/pods/{rt.name}/status"
+        resp = await self._client.patch(path, json={"status": desired}, headers=STRATEGIC)
+        if resp.status_code == 200:
+            rt.pod = resp.json()
+        elif resp.status_code != 404:
+            log.warning("status of %s: HTTP %s %s", rt.name, resp.status_code, resp.text[:200])
+
+    # -- one pod --
+
+    async def _run(self, rt: PodRuntime) -> None:
+        try:
+            if not await self._prepare_volumes(rt):
+                return
+            while not rt.stop.is_set():
+                code = await self._run_container(rt)
+                if rt.stop.is_set():
+                    break
+                decision = podstatus.on_exit((rt.pod.get("spec") or {}).get("restartPolicy",
+                                                                             "Always"), code)
+                if decision == "restart":
+                    rt.state = replace(rt.state, waiting_reason="CrashLoopBackOff")
+                    await self._report(rt)
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(rt.stop.wait(), self.restart_backoff_s)
+                    rt.state = replace(rt.state, restart_count=rt.state.restart_count + 1)
+                    continue
+                rt.phase = decision
+                await self._report(rt)
+                return
+            if rt.final_phase:  # evicted: the pod object stays, Failed
+                rt.phase = rt.final_phase
+                await self._report(rt)
+        except podmap.Unsupported as e:
+            rt.state = replace(rt.state, waiting_reason="CreateContainerError")
+            rt.reason, rt.message = "Unsupported", str(e)
+            log.error("pod %s: %s", rt.name, e)
+            await self._report(rt)
+        finally:
+            if rt.proc is not None and rt.proc.returncode is None:
+                await self._terminate(rt, 0)
+            self._done.add(rt.uid)
+            self.pods.pop(rt.uid, None)
+            self.finished.append(rt)
+
+    async def _prepare_volumes(self, rt: PodRuntime) -> bool:
+        """Lays out every volume; waits (ContainerCreating) while a ConfigMap is missing."""
+        for vol in podmap.volumes(rt.pod).values():
+            path = podmap.volume_dir(rt.pod, vol, self.root, self.node_dirs)
+            path.mkdir(parents=True, exist_ok=True)
+            while vol.kind == "configMap":
+                resp = await self._client.get(
+                    f"/api/v1/namespaces/{self.namespace}/configmaps/{vol.source}")
+                if resp.status_code == 200:
+                    for key, text in (resp.json().get("data") or {}).items():
+                        (path / key).write_text(text)
+                    break
+                rt.state = replace(rt.state, waiting_reason="ContainerCreating")
+                await self._report(rt)
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(rt.stop.wait(), 0.5)
+                if rt.stop.is_set():
+                    return False
+        return True
+
+    async def _run_container(self, rt: PodRuntime) -> int:
+        """Starts the process, probes it until it exits or the pod stops; returns the code."""
+        rt.port = free_port()
+        plan = rt.plan = podmap.plan(rt.pod, commands=self.commands, host_port=rt.port,
+                                     root=self.root, node_dirs=self.node_dirs,
+                                     base_env=self.base_env)
+        startup = podmap.probe(rt.pod, "startupProbe", rt.port)
+        readiness = podmap.probe(rt.pod, "readinessProbe", rt.port)
+        pod_dir = self.root / "pods" / rt.uid
+        pod_dir.mkdir(parents=True, exist_ok=True)
+        log_path = pod_dir / f"container-{rt.state.restart_count}.log"
+        rt.logs.append(log_path)
+        with log_path.open("wb") as out:
+            rt.proc = await asyncio.create_subprocess_exec(
+                *plan.argv, env=plan.env, cwd=pod_dir, stdout=out, stderr=asyncio.subprocess.STDOUT,
+                stdin=asyncio.subprocess.DEVNULL, start_new_session=True)
+        rt.pids.append(rt.proc.pid)
+        log.info("pod %s: started pid %d on port %d", rt.name, rt.proc.pid, rt.port)
+        rt.phase = "Running"
+        rt.state = replace(rt.state, running=True, started=startup is None, ready=False,
+                           failures=0, started_at=_now(), waiting_reason=None)
+        await self._report(rt)
+
+        exited = asyncio.create_task(rt.proc.wait())
+        stopping = asyncio.create_task(rt.stop.wait())
+        loop = asyncio.get_running_loop()
+        next_probe = loop.time()
+        try:
+            while True:
+                rt.wake.clear()
+                woken = asyncio.create_task(rt.wake.wait())
+                timeout = max(0.0, next_probe - loop.time())
+                await asyncio.wait({exited, stopping, woken}, timeout=timeout,
+                                   return_when=asyncio.FIRST_COMPLETED)
+                woken.cancel()
+                if exited.done():
+                    break
+                if stopping.done():
+                    await self._terminate(rt, podmap.grace_period_s(rt.pod))
+                    break
+                if loop.time() >= next_probe:
+                    probe = readiness if rt.state.started else startup
+                    if probe is not None:
+                        ok = await self._probe(probe)
+                        if not rt.state.started:
+                            rt.state = replace(rt.state, started=ok)
+                            next_probe = loop.time() + (0 if ok else probe.period_s)
+                        else:
+                            rt.state = podstatus.after_probe(rt.state, ok, probe.failure_threshold)
+                            next_probe = loop.time() + probe.period_s
+                    else:  # no readiness probe: ready once started
+                        rt.state = replace(rt.state, ready=rt.state.started)
+                        next_probe = loop.time() + 1.0
+                await self._report(rt)
+        finally:
+            stopping.cancel()
+        code = await exited
+        # A signal death reads as 128+N, as a container runtime reports it.
+        code = 128 - code if code < 0 else code
+        rt.exit_codes.append(code)
+        rt.state = replace(rt.state, running=False, started=False, ready=False,
+                           last_exit_code=code)
+        log.info("pod %s: pid %d exited %d", rt.name, rt.proc.pid, code)
+        return code
+
+    async def _probe(self, probe: podmap.Probe) -> bool:
+        url = f"http://127.0.0.1:{probe.host_port}{probe.path}"
+        try:
+            resp = await self._client.get(url, timeout=min(1.0, probe.period_s))
+            return 200 <= resp.status_code < 400
+        except httpx.HTTPError:
+            return False
+
+    async def _terminate(self, rt: PodRuntime, grace_s: float) -> None:
+        """SIGTERM to the process group, SIGKILL after the grace period."""
+        proc = rt.proc
+        if proc is None or proc.returncode is not None:
+            return
+        if self.max_grace_s is not None and self._closing:
+            grace_s = min(grace_s, self.max_grace_s)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            await asyncio.wait_for(asyncio.shield(proc.wait()), grace_s)
+        except asyncio.TimeoutError:
+            log.warning("pod %s: pid %d outlived its %.0f s grace: SIGKILL",
+                        rt.name, proc.pid, grace_s)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            await proc.wait()

@@ -1,0 +1,92 @@
+"""The whole product on one machine: API emulator + provisioner + local kubelet + operator.
+
+    async with local_cluster(tmp_path) as cluster:
+        await cluster.kube.create(INFERENCE_SERVICES, "default", ...)
+
+Everything it starts (engine processes, the operator) is stopped on the way out, also when
+the body fails: the operator first, then the kubelet (SIGTERM, grace, SIGKILL per pod).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import AsyncIterator
+
+import kmock
+import kopf
+
+from e2e.apiserver import KubeAPIServer, write_kubeconfig
+from e2e.kubelet import LocalKubelet
+from e2e.manifests import NAMESPACE
+from e2e.operator_process import OperatorProcess
+from e2e.provisioner import LocalProvisioner
+from preheat.operator.kube import Kube
+
+# The pod's `preheat` command, run from this checkout's interpreter.
+COMMANDS = {"preheat": [sys.executable, "-m", "preheat"]}
+# What a container would inherit from its image; nothing else leaks in from this shell.
+_IMAGE_ENV = ("PATH", "LANG", "LC_ALL", "TZ")
+
+
+def node_cache_dir() -> Path:
+    """The node-wide directory behind the pods' `cache` emptyDir (see docs/e2e.md): the
+    engine's weight cache lands in <it>/weights, the default ~/.cache/preheat/weights."""
+    return Path(os.environ.get("PREHEAT_E2E_NODE_CACHE")
+                or Path.home() / ".cache" / "preheat").expanduser()
+
+
+@dataclass
+class LocalCluster:
+    kube: Kube  # a cluster user's client
+    kubelet: LocalKubelet
+    operator: OperatorProcess
+    root: Path
+    namespace: str = NAMESPACE
+
+    # The scenario's driver interface (e2e/scenario.py), shared with the real-cluster one.
+    async def endpoint(self, pod: str) -> str:
+        return self.kubelet.url(pod)
+
+    async def crash(self, pod: str) -> None:
+        await self.kubelet.kill(pod, signal.SIGKILL)
+
+    async def evict(self, pod: str) -> None:
+        await self.kubelet.evict(pod)
+
+    async def stop_operator(self) -> None:
+        await self.operator.stop(signal.SIGKILL)  # a crash: nothing is cleaned up
+
+    async def start_operator(self) -> None:
+        await self.operator.start()
+
+    def diagnostics(self, tail: int = 3000) -> str:
+        """The operator's log and the end of every engine log, for a failed run."""
+        parts = [f"--- operator\n{self.operator.logs()}"]
+        for rt in [*self.kubelet.pods.values(), *self.kubelet.finished]:
+            for path in rt.logs:
+                text = path.read_text(errors="replace") if path.exists() else ""
+                parts.append(f"--- pod {rt.name} {path.name} exits={rt.exit_codes}\n{text[-tail:]}")
+        return "\n".join(parts)
+
+
+@contextlib.asynccontextmanager
+async def local_cluster(root: Path, resync_seconds: float = 2.0) -> AsyncIterator[LocalCluster]:
+    root.mkdir(parents=True, exist_ok=True)
+    async with KubeAPIServer() as api, kmock.Server(api) as server:
+        url = str(server.url).rstrip("/")
+        kubeconfig = write_kubeconfig(root, url)
+        base_env = {k: os.environ[k] for k in _IMAGE_ENV if k in os.environ}
+        async with LocalProvisioner(url, NAMESPACE, root), \
+                LocalKubelet(url, NAMESPACE, root, commands=COMMANDS, base_env=base_env,
+                             node_dirs={"cache": node_cache_dir()}, max_grace_s=30) as kubelet, \
+                OperatorProcess(kubeconfig, NAMESPACE, root, resync_seconds) as operator:
+            kube = Kube(kopf.ConnectionInfo(server=url))
+            try:
+                yield LocalCluster(kube=kube, kubelet=kubelet, operator=operator, root=root)
+            finally:
+                await kube.close()

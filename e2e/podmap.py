@@ -1,0 +1,159 @@
+"""How the local kubelet turns a Pod into a local process: pure functions, no I/O.
+
+A real kubelet runs the container image in its own filesystem and network namespace. The
+local kubelet has neither, so it maps what the pod asks for onto this machine:
+
+- the container's command: its first word is looked up in `commands` (e.g. "preheat" ->
+  `<python> -m preheat`), the rest and the args are kept;
+- volumes: each mounted volume becomes a local directory, and every env value or arg that
+  names a path under a mountPath is rewritten to the local directory;
+- network: the container port becomes a free port on 127.0.0.1 (the engine reads
+  PREHEAT_PORT / PREHEAT_HOST), and the pod IP is 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+
+class Unsupported(ValueError):
+    """The pod asks for something the local kubelet cannot map; the pod stays waiting."""
+
+
+@dataclass(frozen=True)
+class Volume:
+    name: str
+    kind: str  # "emptyDir" | "configMap" | "persistentVolumeClaim"
+    source: str | None  # the ConfigMap or claim name
+
+
+@dataclass(frozen=True)
+class ProcessPlan:
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    mounts: dict[str, Path]  # mountPath -> local directory
+    container_port: int
+    host_port: int
+
+
+@dataclass(frozen=True)
+class Probe:
+    path: str
+    host_port: int
+    period_s: float
+    failure_threshold: int
+
+
+def container(pod: Mapping[str, Any]) -> Mapping[str, Any]:
+    containers = (pod.get("spec") or {}).get("containers") or []
+    if len(containers) != 1:
+        raise Unsupported(f"the local kubelet runs pods of one container, got {len(containers)}")
+    return containers[0]
+
+
+def volumes(pod: Mapping[str, Any]) -> dict[str, Volume]:
+    out: dict[str, Volume] = {}
+    for v in (pod.get("spec") or {}).get("volumes") or []:
+        if "emptyDir" in v:
+            out[v["name"]] = Volume(v["name"], "emptyDir", None)
+        elif "configMap" in v:
+            out[v["name"]] = Volume(v["name"], "configMap", v["configMap"]["name"])
+        elif "persistentVolumeClaim" in v:
+            out[v["name"]] = Volume(v["name"], "persistentVolumeClaim",
+                                    v["persistentVolumeClaim"]["claimName"])
+        else:
+            raise Unsupported(f"volume {v['name']!r}: only emptyDir, configMap and PVCs")
+    return out
+
+
+def volume_dir(pod: Mapping[str, Any], vol: Volume, root: Path,
+               node_dirs: Mapping[str, Path]) -> Path:
+    """Where a volume lives on this machine.
+
+    emptyDir and configMap volumes belong to the pod; a claim is one directory per claim,
+    shared by every pod that mounts it (what a ReadWriteMany volume is). node_dirs maps a
+    volume name to a node-wide directory instead — used for the weight cache, see
+    docs/e2e.md."""
+    if vol.name in node_dirs:
+        return node_dirs[vol.name]
+    meta = pod["metadata"]
+    if vol.kind == "persistentVolumeClaim":
+        return claim_dir(root, meta["namespace"], vol.source or "")
+    return root / "pods" / meta["uid"] / "volumes" / vol.name
+
+
+def claim_dir(root: Path, namespace: str, claim: str) -> Path:
+    return root / "claims" / namespace / claim
+
+
+def rewrite_path(value: str, mounts: Mapping[str, Path]) -> str:
+    """`/var/lib/preheat/snapshots/x` -> `<local dir>/x` for the longest matching mountPath."""
+    for mount in sorted(mounts, key=len, reverse=True):
+        if value == mount or value.startswith(mount.rstrip("/") + "/"):
+            return str(mounts[mount]) + value[len(mount.rstrip("/")):]
+    return value
+
+
+def _env_value(entry: Mapping[str, Any], pod: Mapping[str, Any]) -> str:
+    if "value" in entry:
+        return str(entry["value"])
+    ref = ((entry.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath")
+    fields = {"metadata.name": pod["metadata"]["name"],
+              "metadata.namespace": pod["metadata"]["namespace"],
+              "status.podIP": "127.0.0.1"}
+    if ref in fields:
+        return fields[ref]
+    if not entry.get("valueFrom"):
+        return ""
+    raise Unsupported(f"env {entry['name']!r}: only values and fieldRefs to name/namespace/podIP")
+
+
+def plan(pod: Mapping[str, Any], *, commands: Mapping[str, Sequence[str]], host_port: int,
+         root: Path, node_dirs: Mapping[str, Path] = {},
+         base_env: Mapping[str, str] = {}) -> ProcessPlan:
+    c = container(pod)
+    command = list(c.get("command") or [])
+    if not command or command[0] not in commands:
+        raise Unsupported(f"command {command!r}: the local kubelet only knows {sorted(commands)}")
+    ports = c.get("ports") or []
+    if len(ports) != 1:
+        raise Unsupported("the local kubelet maps exactly one container port")
+    container_port = int(ports[0]["containerPort"])
+    vols = volumes(pod)
+    mounts = {m["mountPath"]: volume_dir(pod, vols[m["name"]], root, node_dirs)
+              for m in c.get("volumeMounts") or []}
+    args = [rewrite_path(a, mounts) for a in [*command[1:], *(c.get("args") or [])]]
+    if any(a == "--port" or a.startswith("--port=") or a == "--host" for a in args):
+        raise Unsupported("--port/--host in args: the local kubelet owns the address")
+    env = dict(base_env)
+    for entry in c.get("env") or []:
+        env[entry["name"]] = rewrite_path(_env_value(entry, pod), mounts)
+    # The pod's network namespace, mapped: its port becomes a free loopback port.
+    env["PREHEAT_HOST"] = "127.0.0.1"
+    env["PREHEAT_PORT"] = str(host_port)
+    return ProcessPlan(argv=(*commands[command[0]], *args), env=env, mounts=mounts,
+                       container_port=container_port, host_port=host_port)
+
+
+def probe(pod: Mapping[str, Any], kind: str, host_port: int) -> Probe | None:
+    """The container's `kind` probe ("startupProbe", "readinessProbe"), aimed at host_port."""
+    c = container(pod)
+    spec = c.get(kind)
+    if not spec:
+        return None
+    get = spec.get("httpGet")
+    if not get:
+        raise Unsupported(f"{kind}: only httpGet")
+    port = get.get("port")
+    names = {p.get("name") for p in c.get("ports") or []}
+    if isinstance(port, str) and port not in names:
+        raise Unsupported(f"{kind}: unknown port name {port!r}")
+    return Probe(path=get.get("path") or "/", host_port=host_port,
+                 period_s=float(spec.get("periodSeconds", 10)),
+                 failure_threshold=int(spec.get("failureThreshold", 3)))
+
+
+def grace_period_s(pod: Mapping[str, Any]) -> float:
+    return float((pod.get("spec") or {}).get("terminationGracePeriodSeconds", 30))

@@ -1,0 +1,25 @@
+"""Polling until a condition holds, with the last reason it did not."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Awaitable, Callable
+
+
+async def eventually(check: Callable[[], Awaitable[Any]], timeout: float,
+                     interval: float = 0.05, what: str | None = None) -> Any:
+    """Polls check() until it returns something truthy (AssertionError counts as not yet);
+    returns that value, or raises the last AssertionError after `timeout` seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        try:
+            result = await check()
+            if result:
+                return result
+            error = AssertionError(f"{what or check.__name__} stayed {result!r} for {timeout} s")
+        except AssertionError as e:
+            error = AssertionError(f"{what or check.__name__}: {e} (after {timeout} s)")
+        if loop.time() > deadline:
+            raise error
+        await asyncio.sleep(interval)
