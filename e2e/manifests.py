@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 NAMESPACE = "default"
+DEFAULT_IMAGE = "ghcr.io/preheat/engine:0.1.0"
 TEMPLATES = "e2e-warmup-templates"
 
 # One short business-shaped template: a pinned system prompt and a two-turn chat.
@@ -29,15 +30,15 @@ ENGINE_ENV = [
 ]
 
 
-def warmup_configmap() -> dict[str, Any]:
+def warmup_configmap(namespace: str = NAMESPACE) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": TEMPLATES, "namespace": NAMESPACE},
+            "metadata": {"name": TEMPLATES, "namespace": namespace},
             "data": {"e2e-support.yaml": WARMUP_TEMPLATE}}
 
 
 def inference_service(name: str, *, replicas: int = 1, warm_pool: int = 1,
-                      image: str = "ghcr.io/preheat/engine:0.1.0", snapshot: bool = True,
-                      templates: bool = True) -> dict[str, Any]:
+                      image: str = DEFAULT_IMAGE, snapshot: bool = True,
+                      templates: bool = True, namespace: str = NAMESPACE) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "model": {},  # the engine's embedded default model (SmolLM2-135M-Instruct)
         "engine": {"image": image, "env": ENGINE_ENV},
@@ -51,4 +52,4 @@ def inference_service(name: str, *, replicas: int = 1, warm_pool: int = 1,
     if templates:
         spec["warmupTemplates"] = {"configMap": TEMPLATES}
     return {"apiVersion": "serving.preheat.dev/v1alpha1", "kind": "InferenceService",
-            "metadata": {"name": name, "namespace": NAMESPACE}, "spec": spec}
+            "metadata": {"name": name, "namespace": namespace}, "spec": spec}

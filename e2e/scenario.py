@@ -7,6 +7,7 @@ Each step asserts what must be true and returns what it measured. The local harn
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -18,7 +19,7 @@ from preheat.operator.resources import CONFIGMAPS, INFERENCE_SERVICES, PODS, PVC
 
 # The first engine start on a fresh machine converts the GGUF (~20 s) and several engines
 # share two cores: generous bounds for starts, tight ones for what must be fast.
-START_TIMEOUT_S = 240.0
+START_TIMEOUT_S = float(os.environ.get("E2E_START_TIMEOUT_S", "240"))
 WARM_SCALE_UP_TARGET_S = 2.0
 
 
@@ -87,13 +88,14 @@ class Timings:
 
 # -- steps ----------------------------------------------------------------------------------
 
-async def apply(d: Driver, service: str, *, warm_pool: int = 1, t: Timings) -> None:
+async def apply(d: Driver, service: str, *, warm_pool: int = 1, t: Timings,
+                image: str = manifests.DEFAULT_IMAGE) -> None:
     """Applies the template ConfigMap and the InferenceService; waits for 1 ready + N warm."""
     if await d.kube.get(CONFIGMAPS, d.namespace, manifests.TEMPLATES) is None:
-        await d.kube.create(CONFIGMAPS, d.namespace, manifests.warmup_configmap())
+        await d.kube.create(CONFIGMAPS, d.namespace, manifests.warmup_configmap(d.namespace))
     start = time.monotonic()
-    await d.kube.create(INFERENCE_SERVICES, d.namespace,
-                        manifests.inference_service(service, replicas=1, warm_pool=warm_pool))
+    await d.kube.create(INFERENCE_SERVICES, d.namespace, manifests.inference_service(
+        service, replicas=1, warm_pool=warm_pool, image=image, namespace=d.namespace))
 
     async def settled():
         st = await status_of(d, service)

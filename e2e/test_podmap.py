@@ -1,0 +1,100 @@
+"""How the local kubelet maps an operator-rendered pod onto a local process."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from e2e import podmap
+from e2e.manifests import inference_service
+from preheat.operator import render
+from preheat.operator.spec import parse_spec
+
+ROOT = Path("/node")
+COMMANDS = {"preheat": ["/venv/bin/python", "-m", "preheat"]}
+
+
+def operator_pod(**spec_overrides) -> dict:
+    """A pod exactly as the operator renders it for the scenario's InferenceService."""
+    body = inference_service("chat")
+    body["spec"].update(spec_overrides)
+    pod = render.pod("chat", "default", "uid-1", parse_spec(body["spec"]), "chat-abc123", "warm")
+    pod["metadata"]["uid"] = "pod-uid"
+    return pod
+
+
+def test_the_container_command_runs_as_the_local_preheat_entry_with_its_args():
+    pod = operator_pod()
+    pod["spec"]["containers"][0]["args"] = ["--max-num-seqs", "4"]
+    plan = podmap.plan(pod, commands=COMMANDS, host_port=41000, root=ROOT)
+    assert plan.argv == ("/venv/bin/python", "-m", "preheat", "serve", "--max-num-seqs", "4")
+
+
+def test_mounted_paths_in_env_become_local_directories():
+    plan = podmap.plan(operator_pod(), commands=COMMANDS, host_port=41000, root=ROOT)
+    pod_dir = ROOT / "pods" / "pod-uid" / "volumes"
+    assert plan.env["PREHEAT_WARMUP_TEMPLATES"] == str(pod_dir / "warmup-templates")
+    # The snapshot claim is one directory per claim, shared by every pod that mounts it.
+    assert plan.env["PREHEAT_SNAPSHOT_DIR"] == str(ROOT / "claims" / "default" / "chat-snapshots")
+    assert plan.env["HOME"] == str(pod_dir / "tmp")
+    assert plan.env["PREHEAT_WEIGHT_CACHE_DIR"] == str(pod_dir / "cache" / "weights")
+
+
+def test_a_node_dir_replaces_a_pods_own_empty_dir():
+    plan = podmap.plan(operator_pod(), commands=COMMANDS, host_port=41000, root=ROOT,
+                       node_dirs={"cache": Path("/shared/preheat")})
+    assert plan.env["PREHEAT_WEIGHT_CACHE_DIR"] == "/shared/preheat/weights"
+
+
+def test_the_pod_env_and_the_spec_env_reach_the_process_and_the_port_is_remapped():
+    plan = podmap.plan(operator_pod(), commands=COMMANDS, host_port=41000, root=ROOT,
+                       base_env={"PATH": "/usr/bin", "PREHEAT_PORT": "1"})
+    assert plan.env["PATH"] == "/usr/bin"
+    assert plan.env["PREHEAT_MAX_TOTAL_TOKENS"] == "4096"  # from spec.engine.env
+    assert plan.env["PREHEAT_SERVED_MODEL_NAME"] == "chat"
+    assert (plan.env["PREHEAT_HOST"], plan.env["PREHEAT_PORT"]) == ("127.0.0.1", "41000")
+    assert (plan.container_port, plan.host_port) == (8000, 41000)
+
+
+def test_field_refs_resolve_and_unknown_sources_are_refused():
+    pod = operator_pod()
+    env = pod["spec"]["containers"][0]["env"]
+    env.append({"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})
+    plan = podmap.plan(pod, commands=COMMANDS, host_port=1, root=ROOT)
+    assert plan.env["POD"] == "chat-abc123"
+    env.append({"name": "KEY", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}})
+    with pytest.raises(podmap.Unsupported, match="KEY"):
+        podmap.plan(pod, commands=COMMANDS, host_port=1, root=ROOT)
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda c: c.update(command=["python", "app.py"]), "only knows"),
+    (lambda c: c.update(args=["--port", "9000"]), "owns the address"),
+    (lambda c: c.update(ports=[]), "one container port"),
+])
+def test_what_cannot_be_mapped_is_refused_not_guessed(mutate, message):
+    pod = operator_pod()
+    mutate(pod["spec"]["containers"][0])
+    with pytest.raises(podmap.Unsupported, match=message):
+        podmap.plan(pod, commands=COMMANDS, host_port=1, root=ROOT)
+
+
+def test_probes_come_from_the_pod_spec_and_aim_at_the_mapped_port():
+    pod = operator_pod()
+    ready = podmap.probe(pod, "readinessProbe", 41000)
+    assert (ready.path, ready.host_port, ready.period_s, ready.failure_threshold) == \
+        ("/ready", 41000, 1.0, 3)
+    startup = podmap.probe(pod, "startupProbe", 41000)
+    assert (startup.path, startup.period_s) == ("/health", 10.0)
+    assert podmap.probe(pod, "livenessProbe", 41000).path == "/health"
+    del pod["spec"]["containers"][0]["readinessProbe"]
+    assert podmap.probe(pod, "readinessProbe", 41000) is None
+
+
+def test_rewrite_picks_the_longest_mount_and_leaves_other_paths_alone():
+    mounts = {"/var": Path("/a"), "/var/cache/preheat": Path("/b")}
+    assert podmap.rewrite_path("/var/cache/preheat/weights", mounts) == "/b/weights"
+    assert podmap.rewrite_path("/var/log", mounts) == "/a/log"
+    assert podmap.rewrite_path("/variable", mounts) == "/variable"
+    assert podmap.grace_period_s(operator_pod()) == 20.0
