@@ -367,15 +367,18 @@ class Prefetcher:
     def _submit(self, key: str) -> Future:
         with self._lock:
             fut = self._inflight.get(key)  # one disk read per page, however many ask
-            if fut is None:
-                fut = self._pool.submit(self._load, key)
-                self._inflight[key] = fut
-                fut.add_done_callback(lambda _f, k=key: self._forget(k))
-            return fut
+            if fut is not None:
+                return fut
+            fut = self._pool.submit(self._load, key)
+            self._inflight[key] = fut
+        # Outside the lock: a future that is already done runs the callback right here.
+        fut.add_done_callback(lambda f, k=key: self._forget(k, f))
+        return fut
 
-    def _forget(self, key: str) -> None:
+    def _forget(self, key: str, fut: Future) -> None:
         with self._lock:
-            self._inflight.pop(key, None)
+            if self._inflight.get(key) is fut:
+                del self._inflight[key]
 
     def fetch(self, keys: Sequence[str]) -> PrefetchResult:
         start = time.perf_counter()
@@ -400,11 +403,10 @@ class Prefetcher:
             result.pending = sum(not self._submit(k).done() for k in disk if not (self.l2 is not None and k in self.l2))
             result.waited_s = time.perf_counter() - start
             return result
-        # A later page may still sit in L2 (it was touched more recently than this one).
-        futures: list[tuple[str, Future]] = []
-        for k in disk:
-            kv = self.l2.get(k) if self.l2 is not None and k in self.l2 else None
-            futures.append(("l2", _done(kv)) if kv is not None else ("l3", self._submit(k)))
+        # A later page may still sit in L2 (it was touched more recently than this one). Take
+        # those before starting any load: a load lands in L2 and may evict them.
+        held = {k: kv for k in disk if self.l2 is not None and (kv := self.l2.get(k)) is not None}
+        futures = [("l2", _done(held[k])) if k in held else ("l3", self._submit(k)) for k in disk]
         timeout = None if self.policy == "wait_complete" else self.timeout_ms / 1000.0
         wait([f for _, f in futures], timeout=timeout)
         for tier, fut in futures:
