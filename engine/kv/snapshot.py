@@ -204,14 +204,15 @@ def expected_kv_shape(fingerprint: Mapping[str, Any], n_tokens: int) -> list[int
 _R = TypeVar("_R")
 
 
-def choose_records(records: Iterable[_R], max_tokens: int | None, *, tokens=None, pinned=None, hits=None) -> list[_R]:
-    """Pinned first, then most hits (stable: the caller's order breaks ties, so a caller that
-    orders by hits x recency keeps it), greedily within `max_tokens`; a prefix that does not
-    fit is skipped and smaller ones may still fit. Works on PrefixRecords or manifest entries."""
+def choose_records(records: Iterable[_R], max_tokens: int | None, *, tokens=None, pinned=None, score=None) -> list[_R]:
+    """Pinned first, then highest `score` (default: hits; the engine passes hits x recency),
+    greedily within `max_tokens`; a prefix that does not fit is skipped and smaller ones may
+    still fit. Stable: equal scores keep the caller's order. Works on PrefixRecords or on
+    manifest entries (pass the accessors)."""
     tokens = tokens or (lambda r: r.num_tokens)
     pinned = pinned or (lambda r: r.pinned)
-    hits = hits or (lambda r: r.hits)
-    ordered = sorted(records, key=lambda r: (not pinned(r), -hits(r)))
+    score = score or (lambda r: r.hits)
+    ordered = sorted(records, key=lambda r: (not pinned(r), -score(r)))
     if max_tokens is None:
         return ordered
     out, used = [], 0
@@ -551,7 +552,7 @@ def _read_snapshot(
         raise SnapshotRefused("fingerprint_mismatch", diff)
     sizes, entries = _check_entries(manifest, fp)
     chosen = choose_records(
-        entries, max_tokens, tokens=lambda e: e["num_tokens"], pinned=lambda e: e["pinned"], hits=lambda e: e["hits"]
+        entries, max_tokens, tokens=lambda e: e["num_tokens"], pinned=lambda e: e["pinned"], score=lambda e: e["hits"]
     )
     by_file: dict[str, list[dict]] = {}
     for e in chosen:

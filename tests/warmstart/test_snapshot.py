@@ -89,6 +89,7 @@ def test_choose_records_skips_what_does_not_fit_and_keeps_caller_order_on_ties()
     a, b, c = record(8, 1, hits=5), record(8, 2, hits=5), record(4, 3, hits=1)
     assert choose_records([a, b, c], max_tokens=12) == [a, c]
     assert choose_records([b, a, c], None) == [b, a, c]
+    assert choose_records([a, b, c], None, score=lambda r: -r.hits) == [c, a, b]
 
 
 def test_records_that_do_not_match_the_fingerprint_are_a_caller_error(tmp_path):
