@@ -73,6 +73,7 @@ class PodRuntime:
     pids: list[int] = field(default_factory=list)  # every process started for this pod
     exit_codes: list[int] = field(default_factory=list)
     logs: list[Path] = field(default_factory=list)
+    probes: list[tuple[float, str, bool]] = field(default_factory=list)  # (s since start, path, ok)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     final_phase: str | None = None  # set by evict(): the phase to report after stopping
@@ -282,7 +283,7 @@ class LocalKubelet:
         exited = asyncio.create_task(rt.proc.wait())
         stopping = asyncio.create_task(rt.stop.wait())
         loop = asyncio.get_running_loop()
-        next_probe = loop.time()
+        next_probe = began = loop.time()
         try:
             while True:
                 rt.wake.clear()
@@ -300,6 +301,7 @@ class LocalKubelet:
                     probe = readiness if rt.state.started else startup
                     if probe is not None:
                         ok = await self._probe(probe)
+                        rt.probes.append((round(loop.time() - began, 3), probe.path, ok))
                         if not rt.state.started:
                             rt.state = replace(rt.state, started=ok)
                             next_probe = loop.time() + (0 if ok else probe.period_s)

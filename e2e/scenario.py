@@ -101,14 +101,16 @@ async def apply(d: Driver, service: str, *, warm_pool: int = 1, t: Timings,
         st = await status_of(d, service)
         assert (st.get("readyReplicas"), st.get("warmReplicas")) == (1, warm_pool), st
         assert st.get("phase") == "Ready", st.get("phase")
+        # The status counts a warm pod once its engine is ready; the pod's own Ready
+        # condition follows when the operator has opened its gate.
+        ready = await ready_by_role(d, service)
+        assert (len(ready["serving"]), len(ready["warm"])) == (1, warm_pool), ready
         return st
     st = await eventually(settled, START_TIMEOUT_S, interval=0.2)
     t["initial_ready_s"] = time.monotonic() - start
     conds = {c["type"]: c["status"] for c in st["conditions"]}
     assert conds == {"Ready": "True", "WarmPoolReady": "True", "SnapshotVolumeBound": "True",
                      "Degraded": "False"}, conds
-    ready = await ready_by_role(d, service)
-    assert (len(ready["serving"]), len(ready["warm"])) == (1, warm_pool), ready
     # The children a user sees.
     svc = await d.kube.get(SERVICES, d.namespace, service)
     assert svc is not None and svc["spec"]["selector"] == {
