@@ -199,6 +199,18 @@ class Engine:
         self, prompt: str | list[int], params: SamplingParams | None = None, request_id: str | None = None
     ) -> str:
         """Queues a request; raises ValueError with a clear message when it cannot run."""
+        return self.enqueue(self.build_sequence(prompt, params, request_id))
+
+    def enqueue(self, seq: Sequence) -> str:
+        with self._lock:
+            self._inbox.append(seq)
+        return seq.request_id
+
+    def build_sequence(
+        self, prompt: str | list[int], params: SamplingParams | None = None, request_id: str | None = None
+    ) -> Sequence:
+        """Validates a request and builds its sequence without queueing it, so a caller with
+        several requests can refuse them all before any starts."""
         params = params or SamplingParams()
         params.validate()
         token_ids = self.encode(prompt)
@@ -244,9 +256,7 @@ class Engine:
             limit,
             matcher,
         )
-        with self._lock:
-            self._inbox.append(seq)
-        return request_id
+        return seq
 
     def abort_request(self, request_id: str) -> None:
         with self._lock:
@@ -371,9 +381,24 @@ class Engine:
             cached = 0
             if self.radix is not None:
                 tokens = s.all_token_ids
-                cached = self.radix.match_prefix(tokens[: len(tokens) - 1], touch=False).length
-            waiting.append(SeqView(s.request_id, s.num_tokens, 0, 0, 0, cached))
+                match = self.radix.match_prefix(tokens[: len(tokens) - 1], touch=False)
+                cached = match.length
+            waiting.append(SeqView(s.request_id, s.num_tokens, 0, 0, 0, cached, self._evictable_on_path(s)))
         return running, waiting
+
+    def _evictable_on_path(self, seq: Sequence) -> int:
+        """Pages of the cached prefix this waiting request would lock that are counted as
+        evictable today: admitting it takes them out of the free headroom."""
+        if self.radix is None:
+            return 0
+        tokens = seq.all_token_ids
+        node = self.radix.match_prefix(tokens[: len(tokens) - 1], touch=False).node
+        total = 0
+        while node is not self.radix.root:
+            if node.lock_ref == 0 and node.pin_count == 0:
+                total += len(node.pages)
+            node = node.parent
+        return total
 
     def plan(self) -> StepPlan:
         running, waiting = self._views()
@@ -445,9 +470,15 @@ class Engine:
         return True
 
     def _fail_unrunnable(self, outputs: list[RequestOutput]) -> None:
-        """Nothing could be scheduled: if that is because nothing fits even in an empty
-        pool, fail the head request rather than spin forever."""
-        if self.running or not self.waiting:
+        """Nothing could be scheduled. If sequences are running, the pool is held by what
+        cannot be evicted (pinned prefixes): the newest running sequence ends with "length",
+        as far as memory let it go. If nothing fits even in an empty pool, the head request
+        fails. Either way the engine never spins without progress."""
+        if self.running:
+            log.warning("kv pool exhausted by pinned or locked prefixes; ending the newest request")
+            outputs.append(self._finish(self.running[-1], "length"))
+            return
+        if not self.waiting:
             return
         evictable = self.radix.evictable_pages if self.radix else 0
         if self.pool.num_free_pages + evictable >= self.pool.capacity_pages:

@@ -49,7 +49,9 @@ class LLM:
             params_list = list(params)
             if len(params_list) != len(prompts):
                 raise ValueError("give one SamplingParams, or one per prompt")
-        ids = [self.engine.add_request(p, sp) for p, sp in zip(prompts, params_list)]
+        # Validate every prompt before queueing any: a refused batch leaves nothing running.
+        seqs = [self.engine.build_sequence(p, sp) for p, sp in zip(prompts, params_list)]
+        ids = [self.engine.enqueue(seq) for seq in seqs]
         finals: dict[str, RequestOutput] = {}
         while len(finals) < len(ids):
             for out in self.engine.step():

@@ -53,7 +53,17 @@ def write_kv(k_cache, v_cache, k, v, slots) -> None:
     _impl["write_kv"](k_cache, v_cache, k, v, slots)
 
 
-def decode_attention(q, k_cache, v_cache, page_table, seq_lens, scale) -> torch.Tensor:
+def prepare_decode(page_table, seq_lens, page_size: int):
+    """Per-batch work shared by every layer's decode attention (None when the backend
+    needs none). Must not be called inside a CUDA-graph capture with the torch backend."""
+    if backend_name != "torch":
+        return None
+    return reference.DecodeGather(page_table, seq_lens, page_size)
+
+
+def decode_attention(q, k_cache, v_cache, page_table, seq_lens, scale, prepared=None) -> torch.Tensor:
+    if prepared is not None:
+        return reference.decode_attention(q, k_cache, v_cache, page_table, seq_lens, scale, prepared)
     return _impl["decode_attention"](q, k_cache, v_cache, page_table, seq_lens, scale)
 
 

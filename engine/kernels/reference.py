@@ -26,6 +26,18 @@ def _slot_index(page_table: torch.Tensor, page_size: int) -> torch.Tensor:
     return (page_table.to(torch.int64).unsqueeze(-1) * page_size + offsets).flatten(1)
 
 
+class DecodeGather:
+    """Which pool slots a decode batch reads, and which of them are real. Every layer reads
+    the same slots, so the forward pass computes this once, not once per layer."""
+
+    def __init__(self, page_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int) -> None:
+        self.max_len = int(seq_lens.max())
+        pages_needed = (self.max_len + page_size - 1) // page_size
+        self.slots = _slot_index(page_table[:, :pages_needed], page_size)[:, : self.max_len].reshape(-1)
+        valid = torch.arange(self.max_len, device=page_table.device) < seq_lens.to(page_table.device).unsqueeze(1)
+        self.mask = valid[:, None, None, :]
+
+
 def decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -33,22 +45,21 @@ def decode_attention(
     page_table: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
+    gather: DecodeGather | None = None,
 ) -> torch.Tensor:
     """One query token per sequence. q [B, H, hd] -> [B, H, hd]."""
     batch, num_heads, hd = q.shape
     page_size, kvh = k_cache.shape[1], k_cache.shape[2]
-    max_len = int(seq_lens.max())
-    pages_needed = (max_len + page_size - 1) // page_size
-    slots = _slot_index(page_table[:, :pages_needed], page_size)[:, :max_len].reshape(-1)
+    gather = gather or DecodeGather(page_table, seq_lens, page_size)
+    max_len, slots = gather.max_len, gather.slots
     # index_select on a flat view is several times faster than advanced indexing on CPU.
     keys = k_cache.view(-1, kvh, hd).index_select(0, slots).view(batch, max_len, kvh, hd).to(q.dtype)
     values = v_cache.view(-1, kvh, hd).index_select(0, slots).view(batch, max_len, kvh, hd).to(q.dtype)
-    valid = torch.arange(max_len, device=q.device) < seq_lens.to(q.device).unsqueeze(1)
     out = F.scaled_dot_product_attention(
         q.unsqueeze(2),  # [B, H, 1, hd]
         keys.transpose(1, 2),  # [B, kvh, L, hd]
         values.transpose(1, 2),
-        attn_mask=valid[:, None, None, :],
+        attn_mask=gather.mask,
         scale=scale,
         enable_gqa=num_heads != kvh,
     )

@@ -39,12 +39,14 @@ def export_prefixes(pool: KVPool, radix: RadixCache, max_tokens: int | None) -> 
     leaves = [n for n in radix.nodes() if n.is_leaf and n.pin_count == 0]
     leaves.sort(key=lambda n: n.last_access, reverse=True)
     candidates: list[tuple[RadixNode, bool]] = [(n, True) for n in pinned] + [(n, False) for n in leaves]
+    # hits x recency: the most recently used leaf weighs 1, the least 1/len.
+    recency = {id(n): 1.0 / (rank + 1) for rank, n in enumerate(leaves)}
     chosen = choose_records(
         candidates,
         max_tokens,
         tokens=lambda c: len(radix.path_tokens(c[0])),
         pinned=lambda c: c[1],
-        hits=lambda c: c[0].hits,
+        score=lambda c: (c[0].hits + 1) * recency.get(id(c[0]), 1.0),
     )
     return [
         PrefixRecord(radix.path_tokens(node), read_pages(pool, radix.path_pages(node)), node.hits, is_pinned)

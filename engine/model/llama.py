@@ -85,6 +85,11 @@ class LlamaModel:
         q_size = spec.num_heads * spec.head_dim
         kv_size = spec.num_kv_heads * spec.head_dim
         nd = meta.num_decode
+        prepared = (
+            attention.prepare_decode(meta.decode_page_table, meta.decode_seq_lens, kv_pool.page_size)
+            if nd
+            else None
+        )
         for index, w in enumerate(self.layers):
             residual = h
             x = rms_norm(h, w["input_norm"], spec.rms_norm_eps)
@@ -99,7 +104,7 @@ class LlamaModel:
             attention.write_kv(k_cache, v_cache, k, v, meta.slots)
             if nd == q.shape[0]:
                 o = attention.decode_attention(
-                    q, k_cache, v_cache, meta.decode_page_table, meta.decode_seq_lens, self.scale
+                    q, k_cache, v_cache, meta.decode_page_table, meta.decode_seq_lens, self.scale, prepared
                 )
             elif nd == 0:
                 o = attention.extend_attention(
@@ -111,7 +116,7 @@ class LlamaModel:
                     (
                         attention.decode_attention(
                             q[:nd], k_cache, v_cache, meta.decode_page_table,
-                            meta.decode_seq_lens, self.scale,
+                            meta.decode_seq_lens, self.scale, prepared,
                         ),
                         attention.extend_attention(
                             q[nd:], k_cache, v_cache, meta.extend_page_table,
