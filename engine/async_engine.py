@@ -11,6 +11,7 @@ loading -> (restoring) -> (warming) -> ready -> draining.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import itertools
 import logging
 import threading
@@ -192,6 +193,29 @@ class AsyncEngine:
         self._abort_pending = True  # step once even if nothing else is left to run
         self._wake.set()
 
+    # ------------------------------------------------------------ calls on the step thread
+
+    def call_in_engine(self, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future:
+        """Runs fn(*args) on the step thread before its next step (the KV pool and radix tree
+        are not thread-safe) and wakes the loop so an idle engine does not wait its 0.5 s poll.
+        Before `start()` there is no step thread: the call runs here, at once."""
+        if self._thread is None:
+            future: concurrent.futures.Future = concurrent.futures.Future()
+            try:
+                future.set_result(fn(*args))
+            except BaseException as e:
+                future.set_exception(e)
+            return future
+        if self.error is not None:
+            raise EngineDead(str(self.error))
+        future = self.engine.call_soon(fn, *args)
+        self._wake.set()
+        return future
+
+    async def run_in_engine(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Awaitable form of `call_in_engine`, for code on the event loop."""
+        return await asyncio.wrap_future(self.call_in_engine(fn, *args))
+
     # ------------------------------------------------------------ step thread
 
     def _run(self) -> None:
@@ -267,6 +291,7 @@ class AsyncEngine:
         used, cached = getattr(st, "kv_used_pages", None), getattr(st, "kv_cached_pages", None)
         if used is not None and cached is not None:
             m.kv_request_pages.set(max(0, used - cached))
+        m.record_tiers(self.engine)  # on the step thread, which owns the engine's tier counters
 
 
 class RequestStream:

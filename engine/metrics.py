@@ -19,6 +19,9 @@ _TTFT_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2
 _TPOT_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2.5)
 _E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300)
 _STARTUP_BUCKETS = (0.1, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
+# A page set copied from host memory is sub-millisecond; from disk, milliseconds to a second.
+_TIER_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+TIERS = ("l1", "l2", "l3")
 
 
 class Metrics:
@@ -116,6 +119,25 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        # --- KV tiers (engine counters, synced after every step by record_tiers) ---
+        self.kv_tier_hit_tokens = Counter(
+            "preheat_kv_tier_hit_tokens",
+            "Prompt tokens found in a KV tier instead of computed: l1 = device pool (radix "
+            "match), l2 = host memory, l3 = disk (brought back to L1).",
+            ["tier"],
+            registry=r,
+        )
+        self.l2_to_l1_latency = Histogram(
+            "preheat_l2_to_l1_latency_seconds",
+            "Time to bring a matched prefix's pages from L2 (or L3 through L2) back into L1.",
+            buckets=_TIER_BUCKETS,
+            registry=r,
+        )
+        self.kv_disk_evictions = Counter(
+            "preheat_kv_disk_evictions",
+            "KV pages dropped from the L3 disk tier to stay within its capacity.",
+            registry=r,
+        )
         self.startup_seconds = Histogram(
             "preheat_startup_step_seconds",
             "Duration of each start-up step.",
@@ -126,6 +148,10 @@ class Metrics:
         self._lock = threading.Lock()
         self._prompt_total = 0
         self._hit_total = 0
+        self._tier_seen = {t: 0 for t in TIERS}
+        self._disk_evictions_seen = 0
+        for t in TIERS:
+            self.kv_tier_hit_tokens.labels(tier=t)  # exported as 0 before the first hit
         self.set_phase("loading")
 
     def set_phase(self, phase: str) -> None:
@@ -153,6 +179,29 @@ class Metrics:
             if output_tokens > 1:
                 self.tpot.observe((e2e - ttft) / (output_tokens - 1))
         self.e2e.observe(e2e)
+
+    def record_tiers(self, engine: object) -> None:
+        """Moves the engine's tier counters into Prometheus. Call it on the step thread: it
+        drains `engine.tier_restore_seconds`, which the step thread appends to. Engines
+        without tiers (or fakes) are skipped."""
+        hits = getattr(engine, "tier_hit_tokens", None)
+        if isinstance(hits, dict):
+            for tier in TIERS:
+                now = int(hits.get(tier, 0))
+                if now > self._tier_seen[tier]:
+                    self.kv_tier_hit_tokens.labels(tier=tier).inc(now - self._tier_seen[tier])
+                self._tier_seen[tier] = now
+        restores = getattr(engine, "tier_restore_seconds", None)
+        if isinstance(restores, list) and restores:
+            drained, restores[:] = list(restores), []
+            for seconds in drained:
+                self.l2_to_l1_latency.observe(seconds)
+        l3 = getattr(getattr(engine, "tiers", None), "l3", None)
+        evictions = getattr(getattr(l3, "stats", None), "evictions", None)
+        if isinstance(evictions, int):
+            if evictions > self._disk_evictions_seen:
+                self.kv_disk_evictions.inc(evictions - self._disk_evictions_seen)
+            self._disk_evictions_seen = evictions
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -33,6 +33,7 @@ def create_app(
     *,
     api_key: str | None = None,
     max_body_bytes: int = 4 * 1024 * 1024,
+    snapshotter: Any = None,
 ) -> FastAPI:
     app = FastAPI(title="preheat", docs_url=None, redoc_url=None, openapi_url=None)
     serving = OpenAIServing(aengine, model_name)
@@ -109,6 +110,24 @@ def create_app(
         check_auth(request)
         req = _validate(CompletionRequest, await read_json(request, max_body_bytes))
         return await _respond(request, serving.completion(req))
+
+    @app.post("/admin/snapshot")
+    async def snapshot(request: Request) -> JSONResponse:
+        """Saves a hot-prefix snapshot now (e.g. before a planned rollout)."""
+        check_auth(request)
+        if snapshotter is None:
+            raise APIError(404, "snapshots are off: start the server with --snapshot-dir",
+                           code="snapshots_disabled")
+        if aengine.engine is None or aengine.error is not None:
+            raise APIError(503, f"engine is not serving (phase: {aengine.phase})", code="not_ready")
+        try:
+            saved = await asyncio.to_thread(snapshotter.save, aengine)
+        except Exception as e:
+            log.error("snapshot on request failed: %s: %s", type(e).__name__, e)
+            raise APIError(500, f"snapshot failed: {type(e).__name__}: {e}",
+                           code="snapshot_failed") from None
+        return JSONResponse({"path": saved.path, "tokens": saved.tokens,
+                             "prefixes": saved.prefixes, "seconds": round(saved.seconds, 3)})
 
     return app
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from .config import ConfigError, EngineConfig, add_arguments, from_namespace
 
 if TYPE_CHECKING:
-    from .lifecycle import StartupStep
+    from .warm_start import WarmStart
 
 # The server stack (uvicorn, FastAPI, torch via the engine) is imported inside serve(), so
 # `--help` and a bad flag answer at once.
@@ -20,19 +20,17 @@ if TYPE_CHECKING:
 log = logging.getLogger("preheat.serve")
 
 
-def warm_start_steps(config: EngineConfig) -> list["StartupStep"]:
-    """Steps run after loading and before ready. The warm-start work registers here:
-    snapshot restore (phase "restoring") when --snapshot-dir is set, then the warmup
-    templates (phase "warming") when --warmup-templates is set."""
-    return []
+def warm_start(config: EngineConfig, metrics: Any) -> "WarmStart":
+    """Steps run after loading and before ready (snapshot restore in phase "restoring" when
+    --snapshot-dir is set, then the warmup templates in phase "warming" when
+    --warmup-templates is set) and the shutdown callbacks (save the snapshot). Raises
+    TemplateError for an invalid template directory, before anything loads."""
+    from .warm_start import build_warm_start
+
+    return build_warm_start(config, metrics)
 
 
-def shutdown_callbacks(config: EngineConfig) -> list[Any]:
-    """Run after draining, before exit: e.g. persist the hot-prefix snapshot."""
-    return []
-
-
-async def serve(config: EngineConfig) -> int:
+async def serve(config: EngineConfig, warm: "WarmStart | None" = None) -> int:
     import uvicorn
 
     from .async_engine import AsyncEngine
@@ -42,14 +40,16 @@ async def serve(config: EngineConfig) -> int:
     from .server import create_app
 
     metrics = default_metrics()
+    warm = warm if warm is not None else warm_start(config, metrics)
     aengine = AsyncEngine(metrics)
-    aengine.on_shutdown.extend(shutdown_callbacks(config))
-    lifecycle = Lifecycle(config, aengine, warm_start_steps(config))
+    aengine.on_shutdown.extend(warm.shutdown_callbacks())
+    lifecycle = Lifecycle(config, aengine, warm.steps())
     app = create_app(
         aengine,
         config.served_model_name,
         api_key=config.api_key,
         max_body_bytes=config.max_request_body_bytes,
+        snapshotter=warm.snapshotter,
     )
     uv_config = uvicorn.Config(
         app,
@@ -95,7 +95,16 @@ def main(argv: list[str]) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    from .metrics import default_metrics
+    from .warmup_templates import TemplateError
+
     try:
-        return asyncio.run(serve(config))
+        warm = warm_start(config, default_metrics())
+    except TemplateError as e:  # an operator's config error: say so now, before loading
+        print(f"preheat serve: error: --warmup-templates {config.warmup_templates}: {e}",
+              file=sys.stderr)
+        return 2
+    try:
+        return asyncio.run(serve(config, warm))
     except KeyboardInterrupt:
         return 130

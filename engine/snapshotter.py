@@ -1,0 +1,147 @@
+"""When and how a serving engine restores and persists its hot-prefix KV snapshot.
+
+The format and the checks live in engine/kv/snapshot.py; this file decides the moments:
+restore once at start (phase "restoring", before warmup, so templates hit restored prefixes),
+save periodically, on `POST /admin/snapshot` and at shutdown after draining. Export runs on the
+engine's step thread (the pool and radix tree are not thread-safe), writing runs off it
+(blocking I/O must not stall decoding). Nothing here may stop the engine from serving: a
+refused or unreadable snapshot means warming cold, a failed save is a log line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger("preheat.snapshot")
+
+# How long a save may wait for the step thread to export (a long prefill step is seconds).
+EXPORT_TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True)
+class SavedSnapshot:
+    path: str | None  # None when there was nothing to save
+    tokens: int
+    prefixes: int
+    seconds: float
+
+
+def writer_id() -> str:
+    """The pod name (HOSTNAME in Kubernetes): tells pods sharing one volume apart in names."""
+    return os.environ.get("HOSTNAME") or socket.gethostname() or "preheat"
+
+
+def restore_budget(snapshot_max_tokens: int, pool_tokens: int) -> int:
+    """Most tokens to restore. Restored pinned prefixes can never be evicted, so a snapshot
+    from a pod with a bigger pool must not fill this one: at most half the pool."""
+    return max(0, min(snapshot_max_tokens, pool_tokens // 2))
+
+
+class Snapshotter:
+    def __init__(self, directory: str, max_tokens: int, interval: float, metrics: Any,
+                 writer: str | None = None) -> None:
+        self.directory = directory
+        self.max_tokens = max_tokens
+        self.interval = interval
+        self.metrics = metrics
+        self.writer = writer or writer_id()
+        self._lock = threading.Lock()  # one save at a time per process
+        self._restored = False  # a save before restore finished would persist a cold cache
+        self._timer: asyncio.Task | None = None
+
+    # ------------------------------------------------------------ restore
+
+    def restore(self, aengine: Any) -> int:
+        """Restores the newest valid snapshot into the engine; returns tokens restored.
+        Never raises: any failure is logged and the engine warms cold."""
+        from .kv.snapshot import load_latest_snapshot  # torch: imported once the model loads
+
+        started = time.monotonic()
+        engine = aengine.engine
+        tokens = 0
+        try:
+            pool_tokens = engine.pool.capacity_pages * engine.pool.page_size
+            budget = restore_budget(self.max_tokens, pool_tokens)
+            result = load_latest_snapshot(self.directory, engine.fingerprint, budget)
+            for rejection in result.rejected:  # each one is logged by load_latest_snapshot
+                self.metrics.snapshot_rejected.labels(reason=rejection.reason).inc()
+            if result.records:
+                future = aengine.call_in_engine(engine.import_prefixes, result.records)
+                tokens = int(future.result(timeout=EXPORT_TIMEOUT_S))
+                log.info("snapshot: restored %d of %d tokens from %s (writer %s)", tokens,
+                         result.num_tokens, result.path, result.writer_id)
+            elif not result.rejected:
+                log.info("snapshot: none in %s, warming cold", self.directory)
+            else:
+                log.warning("snapshot: no usable snapshot in %s (%d refused), warming cold",
+                            self.directory, len(result.rejected))
+        except Exception as e:  # never fatal: warm cold instead
+            log.warning("snapshot: restore failed, warming cold: %s: %s", type(e).__name__, e)
+            log.debug("snapshot restore failure", exc_info=True)
+        took = time.monotonic() - started
+        self.metrics.snapshot_restored_tokens.set(tokens)
+        self.metrics.snapshot_restore_seconds.set(took)
+        self._restored = True
+        return tokens
+
+    async def restore_step(self, aengine: Any) -> None:
+        """The "restoring" StartupStep: restore off the loop, then arm the periodic saver."""
+        await asyncio.to_thread(self.restore, aengine)
+        if self.interval > 0 and self._timer is None:
+            self._timer = asyncio.create_task(self._periodic(aengine))
+
+    # ------------------------------------------------------------ save
+
+    def save(self, aengine: Any) -> SavedSnapshot:
+        """Exports the hottest prefixes on the step thread and writes them (in this thread).
+        Raises on failure; callers decide whether that is a log line or an HTTP 500."""
+        from .kv.snapshot import save_snapshot
+
+        engine = aengine.engine
+        if engine is None:
+            raise RuntimeError("the engine is not loaded yet")
+        with self._lock:
+            started = time.monotonic()
+            records = aengine.call_in_engine(engine.export_prefixes, self.max_tokens).result(
+                timeout=EXPORT_TIMEOUT_S
+            )
+            if not records:
+                # An empty snapshot would become the newest and shadow a useful older one.
+                log.info("snapshot: nothing cached, nothing saved")
+                return SavedSnapshot(None, 0, 0, time.monotonic() - started)
+            path = save_snapshot(self.directory, engine.fingerprint, records, self.writer)
+            tokens = sum(r.num_tokens for r in records)
+            self.metrics.snapshot_saved_tokens.set(tokens)
+            return SavedSnapshot(str(path), tokens, len(records), time.monotonic() - started)
+
+    def save_at_shutdown(self, aengine: Any) -> None:
+        """`AsyncEngine.on_shutdown` callback: runs after draining, before the step thread
+        stops. Logs and swallows every error: shutdown must still exit 0."""
+        if not self._restored:
+            log.info("snapshot: start-up never finished restoring, not saving at shutdown")
+            return
+        try:
+            saved = self.save(aengine)
+            log.info("snapshot at shutdown: %s (%d tokens, %.2fs)", saved.path, saved.tokens, saved.seconds)
+        except Exception as e:
+            log.error("snapshot at shutdown failed: %s: %s", type(e).__name__, e)
+
+    async def _periodic(self, aengine: Any) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            if aengine.phase == "draining" or aengine.error is not None:
+                return  # the shutdown save takes over
+            if aengine.phase != "ready":
+                continue
+            try:
+                saved = await asyncio.to_thread(self.save, aengine)
+                log.info("periodic snapshot: %s (%d tokens)", saved.path, saved.tokens)
+            except Exception as e:
+                log.error("periodic snapshot failed: %s: %s", type(e).__name__, e)

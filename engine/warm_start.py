@@ -1,0 +1,86 @@
+"""Wires warm start into `preheat serve`: which start-up steps run, what runs at shutdown.
+
+    loading -> restoring (snapshot, if --snapshot-dir) -> warming (templates, if
+    --warmup-templates) -> ready        ...        draining -> save snapshot -> exit
+
+Templates are loaded and validated when the server is built, before the model loads: a bad
+template is an operator's configuration error, so `preheat serve` exits at once (status 2)
+with every problem named by file and field, instead of loading for seconds and then failing
+(or, worse, turning ready without the warmup the operator asked for).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from .config import EngineConfig
+from .lifecycle import StartupStep
+from .snapshotter import Snapshotter
+from .warmup_runner import WarmupReport, run_warmup
+from .warmup_templates import WarmupTemplate, build_plan, load_templates
+
+log = logging.getLogger("preheat.warmup")
+
+
+def plan_limits(engine: Any, max_tokens: int) -> dict[str, Any]:
+    """build_plan's engine-dependent arguments. On CPU there are no captured batch sizes, so
+    the templates' own concurrency ladders decide."""
+    return {
+        "batch_sizes": list(getattr(engine, "cuda_graph_batch_sizes", None) or []),
+        "max_concurrency": engine.config.max_num_seqs,
+        "max_prompt_tokens": max(1, int(engine.max_model_len) - max_tokens - 1),
+    }
+
+
+@dataclass
+class WarmStart:
+    templates: list[WarmupTemplate] = field(default_factory=list)
+    snapshotter: Snapshotter | None = None
+    last_report: WarmupReport | None = None
+
+    async def warm(self, aengine: Any) -> None:
+        """The "warming" StartupStep."""
+        engine = aengine.engine
+        longest_answer = max((t.max_tokens for t in self.templates), default=1)
+        plan = build_plan(self.templates, **plan_limits(engine, longest_answer))
+        if engine.cuda_graph_batch_sizes:
+            log.info("warmup: replaying captured CUDA-graph batch sizes %s",
+                     engine.cuda_graph_batch_sizes)
+        self.last_report = await run_warmup(aengine, plan, aengine.metrics)
+
+    @staticmethod
+    def record_engine(aengine: Any) -> None:
+        """Start-up facts of the loaded engine that only the engine knows."""
+        engine = aengine.engine
+        aengine.metrics.cuda_graph_capture_seconds.set(
+            float(getattr(engine, "cuda_graph_capture_seconds", 0.0) or 0.0))
+        log.info("weights %s; CUDA-graph batch sizes %s",
+                 "from the weight cache" if getattr(engine, "weights_from_cache", False)
+                 else "converted (not from the weight cache)",
+                 getattr(engine, "cuda_graph_batch_sizes", None) or "none")
+
+    def steps(self) -> list[StartupStep]:
+        steps = [StartupStep("engine-facts", "loading", self.record_engine)]
+        if self.snapshotter is not None:
+            steps.append(StartupStep("snapshot", "restoring", self.snapshotter.restore_step))
+        if self.templates:
+            steps.append(StartupStep("templates", "warming", self.warm))
+        return steps
+
+    def shutdown_callbacks(self) -> list[Any]:
+        return [self.snapshotter.save_at_shutdown] if self.snapshotter is not None else []
+
+
+def build_warm_start(config: EngineConfig, metrics: Any) -> WarmStart:
+    """Raises TemplateError (one line per problem) when the template directory is invalid."""
+    ws = WarmStart()
+    if config.warmup_templates:
+        ws.templates = load_templates(config.warmup_templates)
+        log.info("warmup templates: %s from %s", ", ".join(t.name for t in ws.templates) or "none",
+                 config.warmup_templates)
+    if config.snapshot_dir:
+        ws.snapshotter = Snapshotter(config.snapshot_dir, config.snapshot_max_tokens,
+                                     config.snapshot_interval, metrics)
+    return ws

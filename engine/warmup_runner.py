@@ -1,0 +1,228 @@
+"""Runs a warmup plan (engine/warmup_templates.py) on a serving engine before /ready.
+
+Order matters: pins first (prefill each shared prefix once, then pin it so it is never
+evicted and goes first into snapshots), then the waves, each submitted at once so the running
+batch reaches the wave's size (every decode batch size / CUDA-graph size replays once), with
+every grammar compiled through the same path a user request takes (`engine.build_sequence`).
+
+Prompts are built exactly as the OpenAI server builds them (chat template, then encode without
+special tokens; raw prompts encoded with them), or the warmed prefixes would not be the ones a
+real request matches. A request the engine refuses (e.g. longer than this model's context) is
+logged and skipped: the templates were valid, the pod must still become ready.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from .sampling_params import SamplingParams, StructuredOutput
+from .warmup_templates import (
+    ChatMessage,
+    PinnedPrefix,
+    WarmupPlan,
+    WarmupRequest,
+    filler_token_ids,
+)
+
+log = logging.getLogger("preheat.warmup")
+
+# A user turn appended to a system message to find which of its tokens every conversation
+# shares (the chat template may change how the system block ends once a user turn follows).
+_PROBE_USER = "Hello"
+
+
+# --------------------------------------------------------------------------- prompts (pure)
+
+
+def chat_prompt_ids(tokenizer: Any, messages: Sequence[ChatMessage | dict]) -> list[int]:
+    """Token ids of a chat request, as engine/openai_serving.py `chat_prompt` builds them."""
+    conv = [m if isinstance(m, dict) else {"role": m.role, "content": m.content} for m in messages]
+    text = tokenizer.apply_chat_template(conv, add_generation_prompt=True, tokenize=False)
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> list[int]:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return list(a[:n])
+
+
+def chat_pin_ids(tokenizer: Any, system: str) -> list[int]:
+    """The tokens every conversation with this system message starts with."""
+    alone = tokenizer.encode(
+        tokenizer.apply_chat_template([{"role": "system", "content": system}], tokenize=False),
+        add_special_tokens=False,
+    )
+    with_user = chat_prompt_ids(
+        tokenizer, [{"role": "system", "content": system}, {"role": "user", "content": _PROBE_USER}]
+    )
+    return common_prefix(alone, with_user)
+
+
+def text_pin_ids(tokenizer: Any, text: str) -> list[int]:
+    """The tokens every raw prompt starting with `text` shares: all but the last token, which a
+    BPE tokenizer may merge with whatever text follows."""
+    return list(tokenizer.encode(text))[:-1]
+
+
+def pin_ids(tokenizer: Any, pin: PinnedPrefix) -> list[int]:
+    return chat_pin_ids(tokenizer, pin.text) if pin.kind == "chat" else text_pin_ids(tokenizer, pin.text)
+
+
+def request_ids(tokenizer: Any, req: WarmupRequest, salt: int) -> list[int]:
+    if req.messages is not None:
+        return chat_prompt_ids(tokenizer, req.messages)
+    if req.prompt is not None:
+        return list(tokenizer.encode(req.prompt))  # as /v1/completions encodes a string prompt
+    assert req.prompt_tokens is not None
+    return filler_token_ids(lambda t: tokenizer.encode(t, add_special_tokens=False), req.prompt_tokens, salt)
+
+
+def request_params(req: WarmupRequest) -> SamplingParams:
+    structured = None
+    if req.structured is not None:
+        spec = req.structured.spec if req.structured.kind != "json_object" else None
+        structured = StructuredOutput(req.structured.kind, spec)
+    # A fixed seed: warmup is reproducible from one start to the next.
+    return SamplingParams(max_tokens=req.max_tokens, temperature=req.temperature, seed=0,
+                          structured=structured)
+
+
+# --------------------------------------------------------------------------- the report
+
+
+@dataclass
+class TemplateReport:
+    name: str
+    pins: int = 0
+    pinned_tokens: int = 0
+    requests: int = 0
+    refused: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    kinds: Counter = field(default_factory=Counter)
+    grammars: set[str] = field(default_factory=set)
+    concurrency: set[int] = field(default_factory=set)
+
+    def line(self) -> str:
+        kinds = ", ".join(f"{n} {k}" for k, n in sorted(self.kinds.items())) or "none"
+        parts = [
+            f"warmed {self.name}:",
+            f"pinned {self.pins} prefix(es) / {self.pinned_tokens} tokens;",
+            f"{self.requests} request(s) ({kinds});",
+            f"grammars {', '.join(sorted(self.grammars)) or 'none'};",
+            f"concurrency {','.join(map(str, sorted(self.concurrency))) or '-'};",
+            f"prompt tokens {self.prompt_tokens}, cached {self.cached_tokens}",
+        ]
+        if self.refused:
+            parts.append(f"; {self.refused} refused by the engine (see warnings)")
+        return " ".join(parts)
+
+
+@dataclass
+class WarmupReport:
+    templates: dict[str, TemplateReport]
+    seconds: float = 0.0
+    requests: int = 0
+
+    def for_template(self, name: str) -> TemplateReport:
+        return self.templates.setdefault(name, TemplateReport(name))
+
+
+# --------------------------------------------------------------------------- running
+
+
+async def _drain(stream: Any) -> Any:
+    last = None
+    async for out in stream:
+        last = out
+    return last
+
+
+async def _run_batch(aengine: Any, items: list[tuple[str, list[int], SamplingParams]]) -> list[Any]:
+    """Submits every request first (so they are admitted into one batch), then waits for all.
+    Returns the final output per item, or the ValueError the engine refused it with."""
+    streams: list[Any] = []
+    for label, ids, params in items:
+        try:
+            streams.append(aengine.submit(ids, params, aengine.new_request_id(f"warmup-{label}"),
+                                          internal=True))
+        except ValueError as e:  # too long for this model, a grammar xgrammar refuses, ...
+            streams.append(e)
+    waiting = [_drain(s) for s in streams if not isinstance(s, ValueError)]
+    finals = iter(await asyncio.gather(*waiting))
+    return [s if isinstance(s, ValueError) else next(finals) for s in streams]
+
+
+async def run_warmup(aengine: Any, plan: WarmupPlan, metrics: Any) -> WarmupReport:
+    """Runs the plan on `aengine` (started, phase "warming"); returns what was warmed."""
+    engine = aengine.engine
+    tok = engine.tokenizer
+    began = time.monotonic()
+    report = WarmupReport({})
+    for note in plan.notes:
+        log.info("warmup plan: %s", note)
+
+    # 1. Pins: prefill each prefix (one batch), then pin what got cached.
+    pins = [(p, pin_ids(tok, p)) for p in plan.pins]
+    finals = await _run_batch(
+        aengine, [(p.template, ids, SamplingParams(max_tokens=1, temperature=0)) for p, ids in pins if ids]
+    )
+    finals_iter = iter(finals)
+    for pin, ids in pins:
+        rep = report.for_template(pin.template)
+        out = next(finals_iter) if ids else ValueError("empty prefix")
+        report.requests += 1
+        metrics.warmup_requests.inc()
+        if isinstance(out, ValueError):
+            rep.refused += 1
+            log.warning("warmup %s: cannot prefill the %s prefix to pin: %s", pin.template, pin.kind, out)
+            continue
+        pinned = await aengine.run_in_engine(engine.pin_prefix, ids)
+        if pinned == 0:
+            log.warning("warmup %s: the %s prefix (%d tokens) is shorter than a page or was not "
+                        "cached: nothing pinned", pin.template, pin.kind, len(ids))
+            continue
+        rep.pins += 1
+        rep.pinned_tokens += pinned
+
+    # 2. Waves, in ladder order.
+    salt = 0
+    for wave in plan.waves:
+        items = []
+        for req in wave.requests:
+            salt += 1
+            items.append((req.template, request_ids(tok, req, salt), request_params(req)))
+        outs = await _run_batch(aengine, items)
+        for req, (_, ids, _), out in zip(wave.requests, items, outs):
+            rep = report.for_template(req.template)
+            report.requests += 1
+            metrics.warmup_requests.inc()
+            if isinstance(out, ValueError):
+                rep.refused += 1
+                log.warning("warmup %s: a %s request (%d prompt tokens) was refused: %s",
+                            req.template, req.kind, len(ids), out)
+                continue
+            rep.requests += 1
+            rep.kinds[req.kind] += 1
+            rep.concurrency.add(wave.concurrency)
+            if req.structured is not None:
+                rep.grammars.add(req.structured.kind)
+            rep.prompt_tokens += len(ids)
+            rep.cached_tokens += int(out.cached_tokens or 0) if out is not None else 0
+
+    report.seconds = time.monotonic() - began
+    metrics.warmup_seconds.set(report.seconds)
+    for rep in report.templates.values():
+        log.info("%s", rep.line())
+    log.info("warmup: %d request(s) from %d template(s) in %.2fs", report.requests,
+             len(report.templates), report.seconds)
+    return report
