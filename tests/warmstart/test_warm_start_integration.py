@@ -1,0 +1,251 @@
+"""Warm start end to end on real `preheat serve` processes (issue 4, items 1 and 2).
+
+One story, shared by the tests to keep server starts few (each costs seconds on CPU):
+
+1. `first`: templates + an empty snapshot dir. /ready is 503 while it restores and warms,
+   200 only after the warmup finished; POST /admin/snapshot; SIGTERM saves a snapshot.
+2. Three servers start together:
+   - `restarted` (writer-a) and `twin` (writer-b) on the first server's snapshot dir, with no
+     templates, so only the snapshot can make the first request's system prompt a cache hit;
+   - `refusing` on a dir holding one damaged copy of that snapshot per kind of damage, all
+     newer than one good copy: every damage is refused (log + metric reason) and the good
+     copy is restored.
+3. `restarted` and `twin` snapshot at once into their shared dir, then stop at once: every
+   snapshot is valid and the newest one is what a reader restores.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import importlib.util
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from preheat.engine.kv.snapshot import list_snapshots, load_latest_snapshot, read_snapshot
+from preheat.engine.warmup_runner import chat_pin_ids
+from preheat.engine.warmup_templates import build_plan, load_templates
+
+from .bad_snapshots import DAMAGES, copy_as, make_bad_snapshots
+from .serve_helpers import Server, chat, metric, start
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+ORDER_PREFIX = (
+    "You read messages sent to the Northwind Outfitters support desk and reply with the order "
+    "number they mention, written as NW- followed by eight digits, or with the word unknown "
+    "when the message names no valid order number.\n"
+)
+
+
+@pytest.fixture(scope="module")
+def system_prompt() -> str:
+    """The shipped customer-service system prompt: long (~560 tokens) and business-shaped."""
+    doc = yaml.safe_load((REPO / "warmup_templates" / "customer_service.yaml").read_text())
+    return doc["templates"][0]["system"]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    from preheat.engine.model.loader import DEFAULT_GGUF_NAME, DEFAULT_GGUF_PACKAGE
+
+    folder = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE).submodule_search_locations[0]
+    return AutoTokenizer.from_pretrained(folder, gguf_file=DEFAULT_GGUF_NAME)
+
+
+@pytest.fixture(scope="module")
+def template_dir(tmp_path_factory, system_prompt) -> Path:
+    """A chat template with a pinned system prompt and a regex template with a pinned prefix,
+    kept short so warmup takes seconds on CPU."""
+    d = tmp_path_factory.mktemp("templates")
+    (d / "support.yaml").write_text(yaml.safe_dump({"templates": [
+        {"name": "support-chat", "system": system_prompt,
+         "conversations": [[{"role": "user", "content": "Where is my order NW-20481377?"}]],
+         "concurrency": [1, 2], "max_tokens": 2},
+        {"name": "order-check", "prefix": ORDER_PREFIX,
+         "prompts": ["Message: 'My order is NW-20481377.'\nOrder number:"],
+         "structured": [{"regex": "NW-[0-9]{8}|unknown"}], "max_tokens": 12},
+    ]}))
+    return d
+
+
+@dataclass
+class FirstRun:
+    server: Server
+    snapshots: Path
+    ready_metrics: str
+    unauthorized_status: int
+    admin: dict
+    exit_code: int
+    log: str
+
+
+@pytest.fixture(scope="module")
+def first(tmp_path_factory, template_dir) -> FirstRun:
+    tmp = tmp_path_factory.mktemp("first")
+    snapshots = tmp / "snapshots"
+    snapshots.mkdir()
+    srv = start(tmp, "--warmup-templates", str(template_dir), "--snapshot-dir", str(snapshots),
+                name="first")
+    try:
+        srv.wait_ready()
+        ready_metrics = srv.metrics()
+        unauthorized = httpx.post(srv.url + "/admin/snapshot", timeout=60).status_code
+        admin = httpx.post(srv.url + "/admin/snapshot", headers=srv.auth(), timeout=120)
+        assert admin.status_code == 200, admin.text
+    finally:
+        code = srv.stop()
+    return FirstRun(srv, snapshots, ready_metrics, unauthorized, admin.json(), code, srv.log())
+
+
+def fingerprint_of(snapshot: Path) -> dict:
+    return json.loads((snapshot / "manifest.json").read_text())["fingerprint"]
+
+
+@dataclass
+class SecondWave:
+    restarted: Server
+    twin: Server
+    refusing: Server
+    good_copy: Path
+    bad: dict[str, Path]
+
+
+@pytest.fixture(scope="module")
+def second(tmp_path_factory, first) -> SecondWave:
+    tmp = tmp_path_factory.mktemp("second")
+    newest = list_snapshots(first.snapshots)[0]
+    bad_dir = tmp / "bad-snapshots"
+    bad_dir.mkdir()
+    good_copy = copy_as(newest, bad_dir, 1_000_000, "good")
+    bad = make_bad_snapshots(newest, bad_dir, 2_000_000)
+    shared = ["--snapshot-dir", str(first.snapshots)]
+    servers = [
+        start(tmp, *shared, name="restarted", env={"HOSTNAME": "writer-a"}),
+        start(tmp, *shared, name="twin", env={"HOSTNAME": "writer-b"}),
+        start(tmp, "--snapshot-dir", str(bad_dir), name="refusing"),
+    ]
+    try:
+        for s in servers:
+            s.wait_ready()
+        yield SecondWave(*servers, good_copy, bad)
+    finally:
+        for s in servers:
+            s.stop()
+
+
+# --------------------------------------------------------------------------- 1. first start
+
+
+def test_ready_is_503_until_the_warmup_has_run_then_200(first, template_dir):
+    statuses = [(status, phase) for _, status, phase in first.server.phases]
+    assert statuses[-1] == (200, "ready")
+    assert all(status == 503 for status, _ in statuses[:-1])
+    assert (503, "warming") in statuses
+    # Everything the plan holds ran before the phase turned ready, and was reported.
+    log = first.log
+    assert log.index("warmup: ") < log.index("phase: warming -> ready")
+    assert "warmed support-chat: pinned 1 prefix(es)" in log
+    assert "warmed order-check: pinned 1 prefix(es)" in log and "grammars regex" in log
+    plan = build_plan(load_templates(template_dir), max_concurrency=8)
+    expected = plan.num_requests + len(plan.pins)  # pins are prefilled by one request each
+    assert metric(first.ready_metrics, "preheat_warmup_requests_total") == expected
+    assert metric(first.ready_metrics, "preheat_warmup_seconds") > 0
+
+
+def test_admin_snapshot_needs_the_api_key_and_reports_path_and_tokens(first):
+    assert first.unauthorized_status == 401
+    assert Path(first.admin["path"]).parent == first.snapshots
+    assert first.admin["tokens"] > 0 and first.admin["prefixes"] >= 2  # both pins at least
+
+
+def test_sigterm_drains_then_saves_a_snapshot_and_exits_0(first, tokenizer, system_prompt):
+    assert first.exit_code == 0
+    assert first.log.index("draining") < first.log.index("snapshot at shutdown: ")
+    snaps = list_snapshots(first.snapshots)
+    assert len(snaps) == 2  # the admin one and the shutdown one
+    records, _ = read_snapshot(snaps[0], fingerprint_of(snaps[0]))
+    pinned = [r for r in records if r.pinned]
+    pin = chat_pin_ids(tokenizer, system_prompt)
+    assert any(r.token_ids == pin[: r.num_tokens] and r.num_tokens >= len(pin) - 15 for r in pinned)
+
+
+# --------------------------------------------------------------------------- 2. restart
+
+
+def test_first_request_after_restart_finds_the_pinned_prefix_in_the_cache(
+    second, tokenizer, system_prompt
+):
+    pin_tokens = len(chat_pin_ids(tokenizer, system_prompt))
+    body = chat(second.restarted, system_prompt, "Can I return sandals that I wore once indoors?")
+    cached = body["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached >= 0.95 * pin_tokens, (cached, pin_tokens)
+    restored = metric(second.restarted.metrics(), "preheat_snapshot_restored_tokens")
+    assert restored >= cached  # no templates ran: the snapshot is the only way it was cached
+
+
+def test_every_damaged_snapshot_is_refused_and_the_engine_still_becomes_ready(second):
+    text = second.refusing.metrics()
+    expected: dict[str, int] = {}
+    for _, reason in DAMAGES.values():
+        expected[reason] = expected.get(reason, 0) + 1
+    for reason, count in expected.items():
+        assert metric(text, "preheat_snapshot_rejected_total", reason=reason) == count, reason
+    log = second.refusing.log()
+    for name, (_, reason) in DAMAGES.items():
+        assert f"path={second.bad[name]} reason={reason}" in log, name
+    # Newest valid wins: after refusing every newer one, the good (oldest) copy is restored.
+    assert f"snapshot restored: path={second.good_copy} " in log
+    assert metric(text, "preheat_snapshot_restored_tokens") > 0
+    assert httpx.get(second.refusing.url + "/ready").status_code == 200
+
+
+def test_two_writers_sharing_one_directory_leave_only_valid_snapshots_newest_wins(second, first):
+    pair = (second.restarted, second.twin)
+
+    def snapshot(server: Server) -> dict:
+        r = httpx.post(server.url + "/admin/snapshot", headers=server.auth(), timeout=120)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        saved = list(pool.map(snapshot, [s for _ in range(2) for s in pair]))
+        codes = list(pool.map(lambda s: s.stop(), pair))  # and both save again at shutdown
+    assert codes == [0, 0]
+    writers = {Path(s["path"]).name[len("snap-") + 21 : -9] for s in saved}  # snap-<ns>-<writer>-<hex>
+    assert writers == {"writer-a", "writer-b"}
+
+    root = first.snapshots
+    assert not [p for p in root.iterdir() if p.name.startswith(".tmp-")]
+    snaps = list_snapshots(root)
+    fp = fingerprint_of(snaps[0])
+    created = {}
+    for snap in snaps:  # each one passes every check (read_snapshot raises otherwise)
+        _, manifest = read_snapshot(snap, fp)
+        created[snap] = manifest["created_at"]
+    latest = load_latest_snapshot(root, fp)
+    assert latest.rejected == []
+    assert latest.path == max(created, key=created.get)
+
+
+# --------------------------------------------------------------------------- 3. bad templates
+
+
+def test_an_invalid_template_fails_the_start_at_once_naming_file_and_field(tmp_path):
+    (tmp_path / "broken.yaml").write_text("name: x\nprompts: [hi]\nmax_tokens: lots\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "preheat", "serve", "--port", "1", "--warmup-templates", str(tmp_path)],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 2
+    assert "broken.yaml: max_tokens:" in done.stderr
+    assert "loading model" not in done.stderr  # refused before the model loads
