@@ -132,38 +132,42 @@ class RadixCache:
         return match.pages + list(pages[pos // ps :]), node
 
     # --- locking and pinning -------------------------------------------------------
+    # A lock is held by a running request, a pin by a warm-start prefix; either keeps the
+    # node and every ancestor from eviction. Both walk the path the same way.
     def lock(self, node: RadixNode) -> None:
-        while node is not self.root:
-            if node.lock_ref == 0 and node.pin_count == 0:
-                self.protected_pages += len(node.pages)
-            node.lock_ref += 1
-            node = node.parent  # type: ignore[assignment]
+        self._hold(node, locks=1, pins=0)
 
     def unlock(self, node: RadixNode) -> None:
-        while node is not self.root:
-            if node.lock_ref <= 0:
-                raise RuntimeError("unlock of an unlocked radix node")
-            node.lock_ref -= 1
-            if node.lock_ref == 0 and node.pin_count == 0:
-                self.protected_pages -= len(node.pages)
-            node = node.parent  # type: ignore[assignment]
+        self._hold(node, locks=-1, pins=0)
 
     def pin(self, node: RadixNode) -> None:
         """Keeps a prefix (and its path) from eviction until unpinned."""
-        while node is not self.root:
-            if node.lock_ref == 0 and node.pin_count == 0:
-                self.protected_pages += len(node.pages)
-            node.pin_count += 1
-            node = node.parent  # type: ignore[assignment]
+        self._hold(node, locks=0, pins=1)
 
     def unpin(self, node: RadixNode) -> None:
+        self._hold(node, locks=0, pins=-1)
+
+    def _path(self, node: RadixNode) -> list[RadixNode]:
+        path = []
         while node is not self.root:
-            if node.pin_count <= 0:
-                raise RuntimeError("unpin of an unpinned radix node")
-            node.pin_count -= 1
-            if node.lock_ref == 0 and node.pin_count == 0:
-                self.protected_pages -= len(node.pages)
+            path.append(node)
             node = node.parent  # type: ignore[assignment]
+        return path
+
+    def _hold(self, node: RadixNode, locks: int, pins: int) -> None:
+        path = self._path(node)
+        # Check the whole path before changing any of it: a bad release changes nothing.
+        if any(n.lock_ref + locks < 0 for n in path):
+            raise RuntimeError("unlock of an unlocked radix node")
+        if any(n.pin_count + pins < 0 for n in path):
+            raise RuntimeError("unpin of an unpinned radix node")
+        for n in path:
+            was = n.lock_ref > 0 or n.pin_count > 0
+            n.lock_ref += locks
+            n.pin_count += pins
+            now = n.lock_ref > 0 or n.pin_count > 0
+            if now != was:
+                self.protected_pages += len(n.pages) if now else -len(n.pages)
 
     # --- eviction ------------------------------------------------------------------
     @property
