@@ -189,8 +189,10 @@ def test_first_request_after_restart_finds_the_pinned_prefix_in_the_cache(
     body = chat(second.restarted, system_prompt, "Can I return sandals that I wore once indoors?")
     cached = body["usage"]["prompt_tokens_details"]["cached_tokens"]
     assert cached >= 0.95 * pin_tokens, (cached, pin_tokens)
-    restored = metric(second.restarted.metrics(), "preheat_snapshot_restored_tokens")
+    text = second.restarted.metrics()
+    restored = metric(text, "preheat_snapshot_restored_tokens")
     assert restored >= cached  # no templates ran: the snapshot is the only way it was cached
+    assert metric(text, "preheat_kv_tier_hit_tokens_total", tier="l1") >= cached
 
 
 def test_every_damaged_snapshot_is_refused_and_the_engine_still_becomes_ready(second):
