@@ -1,0 +1,294 @@
+"""Cold start, measured: three starts of the same `preheat serve` in one run.
+
+    1. cold       no warmup templates, no snapshot
+    2. templates  --warmup-templates warmup_templates/ (empty snapshot dir; SIGTERM saves one)
+    3. snapshot   templates + the snapshot that start 2 saved at shutdown
+
+For each start: time to ready (process spawn -> /ready 200) and the TTFT of the first real
+request against the same kind of request's steady-state TTFT. The first real request is what
+a user of the customer-service template sends: the shipped long system prompt plus a question
+that is in no template and was never sent before. Steady state is the median of fresh
+questions of the same shape sent right after it (the system prompt cached, the question not):
+what such a request costs once the server is warm. A JSON-extraction request under the
+shipped schema is measured the same way (its first use pays the grammar compile when cold).
+TTFT is the same clock for both: request sent -> first streamed chunk with content.
+
+    .venv/bin/python benchmarks/cold_start.py      # -> benchmarks/results/cold_start.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+TEMPLATES = ROOT / "warmup_templates"
+MODEL = "SmolLM2-135M-Instruct"
+TARGET_RATIO = 1.25
+TARGET_READY_S = 15.0
+
+ITEMS = ["trail runners", "a down jacket", "a two-person tent", "climbing shoes", "a 40 l backpack",
+         "merino socks", "a rain shell", "hiking poles", "a sleeping bag", "gaiters",
+         "a fleece hoodie", "ski gloves", "a headlamp", "a camping stove", "approach shoes",
+         "a harness", "a bivy sack", "insulated boots"]
+ASKS = ["can I still change the delivery address?", "why was I charged twice?",
+        "is it possible to add a gift note?", "can you split the parcel in two?",
+        "what is the warranty on it?", "may I swap it for another colour?"]
+SUPPLIERS = ["Alpine Textiles GmbH", "Harbour Print Ltd", "Fjell Gear AS", "Lago Outdoor S.r.l.",
+             "Baltic Wool OÜ", "Sierra Supplies S.L.", "Tatra Metal s.r.o.", "Polder Packs B.V.",
+             "Nordlys Optics AB", "Celtic Cordage Ltd", "Rhône Leather SARL", "Danube Down Kft."]
+
+
+def question(i: int) -> str:
+    """Distinct, same-shaped customer questions: none is in a template, none repeats."""
+    return (f"Hi, I ordered {ITEMS[i % len(ITEMS)]} last week (order NW-{30000000 + 7919 * i}) "
+            f"and {ASKS[i % len(ASKS)]}")
+
+
+def invoice(i: int) -> str:
+    qty, price = 2 + i % 7, 10 + 3 * i
+    return (f"INVOICE No. {2025_0100 + i}\n{SUPPLIERS[i % len(SUPPLIERS)]}\n"
+            f"Date: {1 + i % 27} March 2025\n{qty} x Item {i} ........ {price}.00 EUR each\n"
+            f"Total {qty * price}.00 EUR, no VAT")
+
+
+# --------------------------------------------------------------------------- one server
+
+
+@dataclass
+class Run:
+    mode: str
+    time_to_ready: float = 0.0
+    steps: dict[str, float] = field(default_factory=dict)
+    first_chat: float = 0.0
+    first_chat_cached: int = 0
+    first_chat_prompt: int = 0
+    steady_chat: list[float] = field(default_factory=list)
+    first_json: float = 0.0
+    steady_json: list[float] = field(default_factory=list)
+    load_before: float = 0.0
+    load_after: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def stream_ttft(url: str, body: dict) -> tuple[float, dict]:
+    """Seconds from sending to the first content chunk, and the final usage."""
+    body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    sent = time.perf_counter()
+    first, usage = None, {}
+    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=300) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            usage = chunk.get("usage") or usage
+            choices = chunk.get("choices") or []
+            if first is None and choices and choices[0].get("delta", {}).get("content"):
+                first = time.perf_counter() - sent
+    assert first is not None, "no content streamed"
+    return first, usage
+
+
+def chat_body(system: str, user: str, max_tokens: int) -> dict:
+    return {"model": MODEL, "max_tokens": max_tokens, "temperature": 0,
+            "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}]}
+
+
+def json_body(system: str, schema: dict, text: str, max_tokens: int) -> dict:
+    return {**chat_body(system, text, max_tokens),
+            "response_format": {"type": "json_schema",
+                                "json_schema": {"name": "invoice", "schema": schema}}}
+
+
+STEP_DONE = re.compile(r"preheat\.lifecycle: \w+: ([\w-]+) done in ([0-9.]+)s")
+LOADED = re.compile(r"loaded in ([0-9.]+)s")
+
+
+def run_mode(mode: str, flags: list[str], workdir: Path, q0: int, args: argparse.Namespace,
+             shop: dict, extract: dict) -> Run:
+    run = Run(mode, load_before=os.getloadavg()[0])
+    port = free_port()
+    log_path = workdir / f"{mode}.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREHEAT_")}
+    cmd = [sys.executable, "-m", "preheat", "serve", "--host", "127.0.0.1", "--port", str(port),
+           "--snapshot-interval", "0", *args.server_flags, *flags]
+    started = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=log_path.open("w"), stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        while True:
+            if proc.poll() is not None:
+                raise SystemExit(f"{mode}: server exited:\n{log_path.read_text()[-3000:]}")
+            try:
+                if httpx.get(url + "/ready", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.02)
+        run.time_to_ready = time.perf_counter() - started
+
+        # The first real request, then the same shape fresh, several times.
+        run.first_chat, usage = stream_ttft(url, chat_body(shop["system"], question(q0), args.max_tokens))
+        run.first_chat_cached = usage.get("prompt_tokens_details", {}).get("cached_tokens", 0)
+        run.first_chat_prompt = usage.get("prompt_tokens", 0)
+        run.first_json, _ = stream_ttft(url, json_body(extract["system"], extract["schema"],
+                                                       invoice(q0), args.max_tokens))
+        for i in range(1, args.steady + 1):
+            run.steady_chat.append(stream_ttft(url, chat_body(shop["system"], question(q0 + i),
+                                                              args.max_tokens))[0])
+            run.steady_json.append(stream_ttft(url, json_body(extract["system"], extract["schema"],
+                                                              invoice(q0 + i), args.max_tokens))[0])
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)  # drains, then saves the snapshot (start 2)
+        proc.wait(120)
+    run.load_after = os.getloadavg()[0]
+    log = log_path.read_text(errors="replace")
+    m = LOADED.search(log)
+    if m:
+        run.steps["load"] = float(m.group(1))
+    for name, seconds in STEP_DONE.findall(log):
+        if name in ("snapshot", "templates"):
+            run.steps[name] = float(seconds)
+    if "from cache" not in log:
+        run.notes.append("weights were NOT read from the weight cache")
+    m = re.search(r"snapshot: restored (\d+) of (\d+) tokens", log)
+    if m:
+        run.notes.append(f"restored {m.group(1)} tokens of KV")
+    m = re.search(r"warmup: (\d+) request\(s\) from (\d+) template\(s\)", log)
+    if m:
+        run.notes.append(f"warmup ran {m.group(1)} requests from {m.group(2)} templates")
+    m = re.search(r"snapshot at shutdown: (\S+) \((\d+) tokens", log)
+    if m:
+        run.notes.append(f"saved {m.group(2)} tokens at shutdown")
+    return run
+
+
+# --------------------------------------------------------------------------- report
+
+
+def ms(x: float) -> str:
+    return f"{x * 1000:.0f}"
+
+
+def report(runs: list[Run], args: argparse.Namespace) -> str:
+    rows = []
+    for r in runs:
+        chat_med, json_med = statistics.median(r.steady_chat), statistics.median(r.steady_json)
+        steps = " / ".join(f"{r.steps[k]:.1f}" if k in r.steps else "–" for k in ("load", "snapshot", "templates"))
+        rows.append(
+            f"| {r.mode} | {r.time_to_ready:.1f} | {steps} | {ms(r.first_chat)} | {ms(chat_med)} | "
+            f"**{r.first_chat / chat_med:.2f}×** | {r.first_chat_cached}/{r.first_chat_prompt} | "
+            f"{ms(r.first_json)} | {ms(json_med)} | {r.first_json / json_med:.2f}× | "
+            f"{r.load_before:.2f} → {r.load_after:.2f} |"
+        )
+    best = runs[-1]
+    ratio = best.first_chat / statistics.median(best.steady_chat)
+    verdict_ratio = "met" if ratio <= TARGET_RATIO else "NOT met"
+    verdict_ready = "met" if best.time_to_ready <= TARGET_READY_S else "NOT met"
+    details = "\n".join(
+        f"- **{r.mode}**: steady chat TTFTs (ms) {', '.join(ms(x) for x in r.steady_chat)}; "
+        f"steady JSON TTFTs (ms) {', '.join(ms(x) for x in r.steady_json)}"
+        + (f"; {'; '.join(r.notes)}" if r.notes else "")
+        for r in runs
+    )
+    return f"""# Cold start: no warmup vs. warmup templates vs. templates + snapshot
+
+Measured in one run of `benchmarks/cold_start.py` ({datetime.datetime.now().strftime('%Y-%m-%d %H:%M')}):
+three starts of the same `preheat serve` (embedded {MODEL}, server flags
+`{' '.join(args.server_flags) or '(defaults)'}`), on {platform.machine()} with {os.cpu_count()} CPU
+cores, no GPU ({platform.python_version()}). The weight cache was warm (converted weights
+read memory-mapped). Timings are wall clock on a machine shared with other work: the load
+average (1 min) before → after each start is in the last column.
+
+| start | time to ready (s) | load / restore / warm (s) | first chat TTFT (ms) | steady chat TTFT, median (ms) | first / steady | cached / prompt tokens (first chat) | first JSON TTFT (ms) | steady JSON TTFT, median (ms) | first / steady | load avg |
+| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |
+{chr(10).join(rows)}
+
+Targets (issue 4), with templates + snapshot: first-request TTFT ≤ {TARGET_RATIO}× steady state —
+**{verdict_ratio}** ({ratio:.2f}×); time to ready ≤ {TARGET_READY_S:.0f} s — **{verdict_ready}**
+({best.time_to_ready:.1f} s).
+
+How it is measured:
+
+- **time to ready**: from spawning the process to the first `/ready` 200 (polled every 20 ms);
+  the "load / restore / warm" column splits the engine's own part from its log (model load
+  including the KV pool, the `restoring` step, the `warming` step; – = not run).
+- **first real request**: a customer-service chat with the shipped long system prompt
+  (`warmup_templates/customer_service.yaml`) and a question in no template and never sent
+  before, {args.max_tokens} tokens, greedy, streamed. **Steady state**: the median of
+  {args.steady} more such requests with fresh questions of the same shape, sent right after —
+  system prompt cached, question not, which is what that request costs on a warm server.
+  Every start uses its own questions, so the snapshot of start 2 holds none of start 3's.
+- **JSON**: an invoice-extraction request under the shipped JSON schema (`response_format`
+  json_schema), sent right after the first chat request; its first use compiles the grammar
+  unless warmup did.
+- TTFT: request sent → first streamed chunk with content, the same client code for all.
+
+Per start:
+
+{details}
+"""
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steady", type=int, default=5, help="steady-state requests per kind")
+    p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--templates", type=Path, default=TEMPLATES)
+    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "cold_start.md")
+    p.add_argument("server_flags", nargs="*", help="extra `preheat serve` flags, after --")
+    args = p.parse_args()
+
+    shop = yaml.safe_load((args.templates / "customer_service.yaml").read_text())["templates"][0]
+    extract = yaml.safe_load((args.templates / "json_extraction.yaml").read_text().split("\n---")[0])
+    extract["schema"] = extract["structured"][0]["json_schema"]
+
+    with tempfile.TemporaryDirectory(prefix="cold-start-") as tmp:
+        work = Path(tmp)
+        snaps = work / "snapshots"
+        snaps.mkdir()
+        templates = ["--warmup-templates", str(args.templates)]
+        plan = [("cold (no warmup)", []),
+                ("warmup templates", [*templates, "--snapshot-dir", str(snaps)]),
+                ("templates + snapshot", [*templates, "--snapshot-dir", str(snaps)])]
+        runs = []
+        for i, (mode, flags) in enumerate(plan):
+            print(f"{mode}: starting (load avg {os.getloadavg()[0]:.2f})", flush=True)
+            runs.append(run_mode(mode, flags, work, 100 * (i + 1), args, shop, extract))
+            r = runs[-1]
+            print(f"{mode}: ready in {r.time_to_ready:.1f}s; first chat TTFT {ms(r.first_chat)} ms, "
+                  f"steady {ms(statistics.median(r.steady_chat))} ms; {'; '.join(r.notes)}", flush=True)
+            if i == 1 and not any(n.startswith("snap-") for n in os.listdir(snaps)):
+                raise SystemExit("start 2 saved no snapshot; see its log")
+    text = report(runs, args)
+    args.out.write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
