@@ -53,6 +53,9 @@ async def test_inference_service_end_to_end_on_one_machine(tmp_path):
             assert all(rt.exit_codes[-1] == 0 for rt in finished), \
                 [(rt.name, rt.exit_codes) for rt in finished]
             assert any(137 in rt.exit_codes for rt in finished)  # the crashed engine
+            # The engines persisted their hot prefixes into the one shared snapshot volume
+            # (DESIGN.md: snapshot on SIGTERM), where the next pod to start finds them.
+            assert list(shared.glob("*/manifest.json")), sorted(shared.iterdir())
         except BaseException:
             print(cluster.diagnostics())
             raise
