@@ -86,7 +86,7 @@ def test_probes_come_from_the_pod_spec_and_aim_at_the_mapped_port():
     assert (ready.path, ready.host_port, ready.period_s, ready.failure_threshold) == \
         ("/ready", 41000, 1.0, 3)
     startup = podmap.probe(pod, "startupProbe", 41000)
-    assert (startup.path, startup.period_s) == ("/health", 10.0)
+    assert (startup.path, startup.period_s) == ("/health", float(render.STARTUP_PERIOD_S))
     assert podmap.probe(pod, "livenessProbe", 41000).path == "/health"
     del pod["spec"]["containers"][0]["readinessProbe"]
     assert podmap.probe(pod, "readinessProbe", 41000) is None
