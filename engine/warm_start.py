@@ -11,6 +11,7 @@ with every problem named by file and field, instead of loading for seconds and t
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +35,31 @@ def plan_limits(engine: Any, max_tokens: int) -> dict[str, Any]:
     }
 
 
+async def warm_streaming_response() -> None:
+    """The server's first streamed response imports anyio's asyncio backend and its memory
+    streams (measured: the first real request's TTFT was ~30 ms above steady state on a
+    2-core CPU, with the model fully warm). One in-process StreamingResponse pays that here."""
+    from starlette.responses import StreamingResponse
+
+    done = asyncio.Event()
+
+    async def body():
+        yield "data: {}\n\n"
+
+    async def receive() -> dict:
+        await done.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:
+        if message["type"] == "http.response.body" and not message.get("more_body"):
+            done.set()
+
+    # spec_version < 2.4: the disconnect-listening task group path, as behind uvicorn.
+    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"},
+             "method": "POST", "path": "/", "headers": []}
+    await StreamingResponse(body(), media_type="text/event-stream")(scope, receive, send)
+
+
 @dataclass
 class WarmStart:
     templates: list[WarmupTemplate] = field(default_factory=list)
@@ -49,6 +75,7 @@ class WarmStart:
             log.info("warmup: replaying captured CUDA-graph batch sizes %s",
                      engine.cuda_graph_batch_sizes)
         self.last_report = await run_warmup(aengine, plan, aengine.metrics)
+        await warm_streaming_response()
 
     @staticmethod
     def record_engine(aengine: Any) -> None:
