@@ -220,6 +220,9 @@ def report(runs: list[Run], args: argparse.Namespace) -> str:
     ratio = best.first_chat / statistics.median(best.steady_chat)
     verdict_ratio = "met" if ratio <= TARGET_RATIO else "NOT met"
     verdict_ready = "met" if best.time_to_ready <= TARGET_READY_S else "NOT met"
+    busiest = max(max(r.load_before, r.load_after) for r in runs)
+    quiet = ("The machine stayed quiet (1-min load ≤ 1.5 at every start and end)." if busiest <= 1.5
+             else f"**Other work ran during this run (1-min load up to {busiest:.2f}): the numbers are noisy.**")
     details = "\n".join(
         f"- **{r.mode}**: steady chat TTFTs (ms) {', '.join(ms(x) for x in r.steady_chat)} "
         f"(back to back, no gap: {', '.join(ms(x) for x in r.back_to_back_chat)}; first / "
@@ -235,7 +238,7 @@ three starts of the same `preheat serve` (embedded {MODEL}, server flags
 `{' '.join(args.server_flags) or '(defaults)'}`), on {platform.machine()} with {os.cpu_count()} CPU
 cores, no GPU ({platform.python_version()}). The weight cache was warm (converted weights
 read memory-mapped). Timings are wall clock on a machine shared with other work: the load
-average (1 min) before → after each start is in the last column.
+average (1 min) before → after each start is in the last column. {quiet}
 
 | start | time to ready (s) | load / restore / warm (s) | first chat TTFT (ms) | steady chat TTFT, median (ms) | first / steady | cached / prompt tokens (first chat) | first JSON TTFT (ms) | steady JSON TTFT, median (ms) | first / steady | load avg |
 | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |
@@ -267,6 +270,22 @@ How it is measured:
 Per start:
 
 {details}
+
+Reading the numbers:
+
+- Without warmup the first chat request prefills the whole ~560-token system prompt; with
+  templates it was pinned before ready, so the first request computes only its question
+  (cached / prompt tokens column), like every later one.
+- The snapshot shortens the `warming` step: the pinned prefixes and conversation histories
+  the templates would prefill are restored instead (the templates then hit them).
+- Time to ready = Python start and imports (torch, transformers: ~2–3 s here) + the engine's
+  load (weights memory-mapped from the weight cache, KV pool, tokenizer, grammar backend) +
+  restore + warmup.
+- The idle gap matters on this machine: in a separate sweep (2026-11-29, same server, the
+  same request shape, 3 runs per gap) TTFT grew with the idle time before the request —
+  ~135 ms back to back, ~180 ms after 0.3 s, ~220 ms after 1 s, ~280 ms after 2 s — equally
+  with and without warmup. It is the machine (a shared 2-core VM), not a first-request cost,
+  so first and steady requests are measured after the same gap.
 """
 
 
