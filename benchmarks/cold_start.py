@@ -284,8 +284,11 @@ Reading the numbers:
 - The idle gap matters on this machine: in a separate sweep (2026-11-29, same server, the
   same request shape, 3 runs per gap) TTFT grew with the idle time before the request —
   ~135 ms back to back, ~180 ms after 0.3 s, ~220 ms after 1 s, ~280 ms after 2 s — equally
-  with and without warmup. It is the machine (a shared 2-core VM), not a first-request cost,
-  so first and steady requests are measured after the same gap.
+  with and without warmup, and both before the engine (tokenizing) and in it (the server's
+  own TTFT metric grew too). A bare torch matmul loop with no server at all slows the same way
+  (214 ms back to back, 245 ms after 1 s idle, 278 ms after 2 s). It is the machine (a shared
+  2-core VM), not a first-request cost, so first and steady requests are measured after the
+  same gap; against back-to-back requests the first one also carries this idle cost.
 """
 
 
