@@ -289,6 +289,9 @@ Reading the numbers:
   (214 ms back to back, 245 ms after 1 s idle, 278 ms after 2 s). It is the machine (a shared
   2-core VM), not a first-request cost, so first and steady requests are measured after the
   same gap; against back-to-back requests the first one also carries this idle cost.
+- `--gap 0` (the first request sent the moment `/ready` turns 200, steady requests back to
+  back: no idle time anywhere) is the other fair comparison; its last result is in
+  `benchmarks/results/cold_start_no_gap.md`.
 """
 
 
