@@ -582,22 +582,28 @@ class Engine:
 
     def import_prefixes(self, records: list[PrefixRecord]) -> int:
         """Puts restored prefixes into the cache, pinning those recorded as pinned; returns
-        tokens restored (stepping thread, or before the loop starts)."""
+        tokens of KV restored (stepping thread, or before the loop starts). Records come
+        prefix-first: one that extends another (kv_start > 0) needs that one in the cache."""
         if self.radix is None:
             return 0
         restored = 0
         for record in records:
+            tokens = list(record.token_ids)
+            have = self.radix.match_prefix(tokens, touch=False).length
+            if have < record.kv_start:
+                log.warning("snapshot: skipping a prefix whose first %d tokens are not cached", record.kv_start)
+                continue
             node = prefix_io.import_prefix(
-                self.pool, self.radix, list(record.token_ids),
-                lambda start, end, kv=record.kv: kv[:, :, start:end], self._alloc,
+                self.pool, self.radix, tokens,
+                lambda start, end, r=record: r.kv[:, :, start - r.kv_start : end - r.kv_start], self._alloc,
             )
             if node is None:
                 log.warning("snapshot: no room in the KV pool for the remaining prefixes")
                 break
             node.hits = max(node.hits, record.hits)
-            restored += len(record.token_ids)
+            restored += len(tokens) - have
             if record.pinned:
-                self.pin_prefix(list(record.token_ids))
+                self.pin_prefix(tokens)
         return restored
 
     def _offload(self, path_tokens: list[int], pages: list[int]) -> None:

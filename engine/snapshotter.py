@@ -117,7 +117,7 @@ class Snapshotter:
                 log.info("snapshot: nothing cached, nothing saved")
                 return SavedSnapshot(None, 0, 0, time.monotonic() - started)
             path = save_snapshot(self.directory, engine.fingerprint, records, self.writer)
-            tokens = sum(r.num_tokens for r in records)
+            tokens = sum(r.stored_tokens for r in records)
             self.metrics.snapshot_saved_tokens.set(tokens)
             return SavedSnapshot(str(path), tokens, len(records), time.monotonic() - started)
 

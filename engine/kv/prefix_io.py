@@ -12,7 +12,7 @@ import torch
 
 from preheat.engine.kv.pool import KVPool
 from preheat.engine.kv.radix import RadixCache, RadixNode
-from preheat.engine.kv.snapshot import PrefixRecord, choose_records
+from preheat.engine.kv.snapshot import PrefixRecord
 
 
 def read_pages(pool: KVPool, pages: list[int]) -> torch.Tensor:
@@ -34,24 +34,37 @@ def write_pages(pool: KVPool, pages: list[int], kv: torch.Tensor) -> None:
 
 def export_prefixes(pool: KVPool, radix: RadixCache, max_tokens: int | None) -> list[PrefixRecord]:
     """The hottest cached prefixes: every pinned prefix first, then whole root-to-leaf paths
-    by hits, most recently used first among equals, within max_tokens."""
+    by hits x recency, within max_tokens of stored KV. A path that extends one already
+    exported stores only its new tokens (kv_start), so a shared prefix is written once and
+    always before what extends it."""
     pinned = [n for n in radix.nodes() if n.pin_count > 0 and not any(c.pin_count > 0 for c in n.children.values())]
     leaves = [n for n in radix.nodes() if n.is_leaf and n.pin_count == 0]
     leaves.sort(key=lambda n: n.last_access, reverse=True)
-    candidates: list[tuple[RadixNode, bool]] = [(n, True) for n in pinned] + [(n, False) for n in leaves]
     # hits x recency: the most recently used leaf weighs 1, the least 1/len.
     recency = {id(n): 1.0 / (rank + 1) for rank, n in enumerate(leaves)}
-    chosen = choose_records(
-        candidates,
-        max_tokens,
-        tokens=lambda c: len(radix.path_tokens(c[0])),
-        pinned=lambda c: c[1],
-        score=lambda c: (c[0].hits + 1) * recency.get(id(c[0]), 1.0),
-    )
-    return [
-        PrefixRecord(radix.path_tokens(node), read_pages(pool, radix.path_pages(node)), node.hits, is_pinned)
-        for node, is_pinned in chosen
-    ]
+    leaves.sort(key=lambda n: (n.hits + 1) * recency[id(n)], reverse=True)  # stable: recency breaks ties
+    exported: dict[int, int] = {}  # id(node) -> tokens up to and including it
+    records: list[PrefixRecord] = []
+    used = 0
+    for node, is_pinned in [(n, True) for n in pinned] + [(n, False) for n in leaves]:
+        path = radix.path_nodes(node)
+        covered = 0
+        for ancestor in path:
+            if id(ancestor) in exported:
+                covered = exported[id(ancestor)]
+        tokens = radix.path_tokens(node)
+        if covered == len(tokens):
+            continue
+        if max_tokens is not None and used + len(tokens) - covered > max_tokens:
+            continue
+        pages = radix.path_pages(node)[covered // pool.page_size :]
+        records.append(PrefixRecord(tokens, read_pages(pool, pages), node.hits, is_pinned, covered))
+        used += len(tokens) - covered
+        length = 0
+        for ancestor in path:
+            length += len(ancestor.key)
+            exported[id(ancestor)] = length
+    return records
 
 
 def import_prefix(

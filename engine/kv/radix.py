@@ -214,6 +214,10 @@ class RadixCache:
     def nodes(self) -> list[RadixNode]:
         return list(self._nodes())
 
+    def path_nodes(self, node: RadixNode) -> list[RadixNode]:
+        """Root's child first, `node` last."""
+        return list(reversed(self._path(node)))
+
     def path_tokens(self, node: RadixNode) -> list[int]:
         parts: list[list[int]] = []
         while node is not self.root:

@@ -36,7 +36,7 @@ from safetensors.torch import save_file
 log = logging.getLogger("preheat.snapshot")
 
 FORMAT = "preheat-kv-snapshot"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: a prefix may store only the KV after an earlier prefix (kv_start)
 MANIFEST = "manifest.json"
 DEFAULT_KEEP = 3
 MAX_MANIFEST_BYTES = 64 * 1024 * 1024
@@ -82,17 +82,24 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 @dataclass
 class PrefixRecord:
-    """A hot prefix (docs/engine-internals.md). kv: [num_layers, 2, n_tokens, kvh, hd],
-    n_tokens == len(token_ids), a multiple of the page size."""
+    """A hot prefix (docs/engine-internals.md). len(token_ids) is a multiple of the page size.
+    kv holds tokens [kv_start, len(token_ids)): [num_layers, 2, n - kv_start, kvh, hd]. A
+    record with kv_start > 0 extends an earlier record of the same snapshot whose tokens are
+    its first kv_start tokens, so a shared system prompt is stored once, not once per leaf."""
 
     token_ids: list[int]
     kv: torch.Tensor
     hits: int = 0
     pinned: bool = False
+    kv_start: int = 0
 
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
+
+    @property
+    def stored_tokens(self) -> int:
+        return len(self.token_ids) - self.kv_start
 
 
 @dataclass(frozen=True)
@@ -112,7 +119,8 @@ class LoadResult:
 
     @property
     def num_tokens(self) -> int:
-        return sum(r.num_tokens for r in self.records)
+        """Tokens of KV restored (a shared prefix counts once)."""
+        return sum(r.stored_tokens for r in self.records)
 
 
 # --------------------------------------------------------------------------- fingerprint
@@ -223,6 +231,35 @@ def choose_records(records: Iterable[_R], max_tokens: int | None, *, tokens=None
     return out
 
 
+def _extends_earlier(token_ids: Sequence[int], kv_start: int, earlier: Iterable[Sequence[int]]) -> bool:
+    head = list(token_ids[:kv_start])
+    return any(len(t) >= kv_start and list(t[:kv_start]) == head for t in earlier)
+
+
+def choose_restorable(entries: Sequence[dict], max_tokens: int | None) -> list[dict]:
+    """Manifest entries to restore: pinned first, then most hits (manifest order breaks ties),
+    within max_tokens of stored KV. An entry that extends another (kv_start > 0) is taken only
+    after that one: its KV alone is not usable. The result is in restore order."""
+    pending = sorted(entries, key=lambda e: (not e["pinned"], -e["hits"]))
+    chosen: list[dict] = []
+    used = 0
+    progress = True
+    while pending and progress:
+        progress = False
+        for e in list(pending):
+            stored = e["num_tokens"] - e["kv_start"]
+            if max_tokens is not None and used + stored > max_tokens:
+                pending.remove(e)
+                continue
+            if e["kv_start"] and not _extends_earlier(e["token_ids"], e["kv_start"], [c["token_ids"] for c in chosen]):
+                continue  # its prefix may still be taken later in this pass or the next
+            chosen.append(e)
+            pending.remove(e)
+            used += stored
+            progress = True
+    return chosen
+
+
 # --------------------------------------------------------------------------- saving
 
 
@@ -248,8 +285,12 @@ def _check_record(fingerprint: Mapping[str, Any], r: PrefixRecord, i: int) -> No
     n = len(r.token_ids)
     if n == 0 or n % page:
         raise ValueError(f"record {i}: {n} tokens is not a positive multiple of the page size {page}")
-    if list(r.kv.shape) != expected_kv_shape(fingerprint, n):
-        raise ValueError(f"record {i}: kv shape {list(r.kv.shape)} != {expected_kv_shape(fingerprint, n)}")
+    if not 0 <= r.kv_start < n or r.kv_start % page:
+        raise ValueError(f"record {i}: kv_start {r.kv_start} must be a page multiple below {n}")
+    if list(r.kv.shape) != expected_kv_shape(fingerprint, n - r.kv_start):
+        raise ValueError(
+            f"record {i}: kv shape {list(r.kv.shape)} != {expected_kv_shape(fingerprint, n - r.kv_start)}"
+        )
     if dtype_name(r.kv.dtype) != fingerprint["dtype"]:
         raise ValueError(f"record {i}: kv dtype {r.kv.dtype} != fingerprint dtype {fingerprint['dtype']}")
 
@@ -269,6 +310,8 @@ def save_snapshot(
     fingerprint = json.loads(json.dumps(dict(fingerprint)))
     for i, r in enumerate(records):
         _check_record(fingerprint, r, i)
+        if r.kv_start and not _extends_earlier(r.token_ids, r.kv_start, [q.token_ids for q in records[:i]]):
+            raise ValueError(f"record {i}: kv_start {r.kv_start} but no earlier record holds its first tokens")
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     writer = _safe_writer_id(writer_id)
@@ -299,7 +342,7 @@ def save_snapshot(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    tokens = sum(r.num_tokens for r in records)
+    tokens = sum(r.stored_tokens for r in records)
     log.info("snapshot saved: path=%s prefixes=%d tokens=%d", final, len(records), tokens)
     try:
         prune_snapshots(root, keep=keep)
@@ -339,6 +382,7 @@ def _write_tensor_files(
             {
                 "token_ids": [int(t) for t in r.token_ids],
                 "num_tokens": len(r.token_ids),
+                "kv_start": int(r.kv_start),
                 "pages": len(r.token_ids) // page_size,
                 "hits": int(r.hits),
                 "pinned": bool(r.pinned),
@@ -527,8 +571,10 @@ def _check_entries(manifest: dict[str, Any], fp: dict[str, Any]) -> tuple[dict[s
             problem = f"num_tokens {n!r} must equal len(token_ids)={len(ids)} and be a multiple of {page}"
         elif e.get("pages") != n // page:
             problem = f"pages {e.get('pages')!r} != num_tokens / page_size = {n // page}"
-        elif e.get("shape") != expected_kv_shape(fp, n):
-            problem = f"shape {e.get('shape')!r} != {expected_kv_shape(fp, n)} for this model"
+        elif not _is_int(e.get("kv_start")) or e["kv_start"] >= n or e["kv_start"] % page:
+            problem = f"kv_start {e.get('kv_start')!r} must be a multiple of {page} below num_tokens {n}"
+        elif e.get("shape") != expected_kv_shape(fp, n - e["kv_start"]):
+            problem = f"shape {e.get('shape')!r} != {expected_kv_shape(fp, n - e['kv_start'])} for this model"
         elif e.get("dtype") != fp["dtype"]:
             problem = f"dtype {e.get('dtype')!r} != {fp['dtype']!r}"
         elif not _is_int(e.get("hits")) or not isinstance(e.get("pinned"), bool):
@@ -551,9 +597,7 @@ def _read_snapshot(
     if diff:
         raise SnapshotRefused("fingerprint_mismatch", diff)
     sizes, entries = _check_entries(manifest, fp)
-    chosen = choose_records(
-        entries, max_tokens, tokens=lambda e: e["num_tokens"], pinned=lambda e: e["pinned"], score=lambda e: e["hits"]
-    )
+    chosen = choose_restorable(entries, max_tokens)
     by_file: dict[str, list[dict]] = {}
     for e in chosen:
         by_file.setdefault(e["file"], []).append(e)
@@ -566,7 +610,7 @@ def _read_snapshot(
         if st.st_size > sizes[name]:
             raise SnapshotRefused("size_mismatch", f"{name} is {st.st_size} bytes, manifest says {sizes[name]}")
         for e, kv in _read_tensors(file, file_entries):
-            loaded[id(e)] = PrefixRecord([int(t) for t in e["token_ids"]], kv, e["hits"], e["pinned"])
+            loaded[id(e)] = PrefixRecord([int(t) for t in e["token_ids"]], kv, e["hits"], e["pinned"], e["kv_start"])
     return [loaded[id(e)] for e in chosen], manifest
 
 

@@ -69,3 +69,45 @@ def test_snapshot_export_import_restores_pinned_prefix_first(tiny_qwen2_dir):
     # pinned: survives a full eviction
     target.engine.radix.evict(target.engine.radix.total_pages)
     assert target.engine.radix.match_prefix(system, touch=False).length == 40
+
+
+def test_a_shared_prefix_is_stored_once_and_restores_before_what_extends_it(tiny_llama_dir, tmp_path):
+    from preheat.engine.kv.snapshot import load_latest_snapshot, save_snapshot
+
+    source = LLM(model=str(tiny_llama_dir), dtype="float32", page_size=4, max_total_tokens=1024)
+    (system,) = prompts(3, 1, 40)
+    tails = prompts(4, 3, 12)
+    conversations = [system + tail for tail in tails]
+    source.generate(conversations, GREEDY)
+    source.engine.pin_prefix(system)
+    records = source.engine.export_prefixes(max_tokens=None)
+
+    assert records[0].token_ids == system and records[0].pinned and records[0].kv_start == 0
+    extending = records[1:]
+    assert len(extending) == 3 and all(r.kv_start == 40 for r in extending)
+    assert sum(r.stored_tokens for r in records) == 40 + sum(r.num_tokens - 40 for r in extending)
+
+    save_snapshot(tmp_path, source.engine.fingerprint, records, "pod-a")
+    loaded = load_latest_snapshot(tmp_path, source.engine.fingerprint)
+    assert loaded.rejected == [] and loaded.num_tokens == sum(r.stored_tokens for r in records)
+
+    target = LLM(model=str(tiny_llama_dir), dtype="float32", page_size=4, max_total_tokens=1024)
+    assert target.engine.import_prefixes(loaded.records) == loaded.num_tokens
+    again = target.generate(conversations, GREEDY)
+    expected = source.generate(conversations, GREEDY)
+    assert [r.token_ids for r in again] == [r.token_ids for r in expected]
+    assert all(r.cached_tokens >= 48 for r in again)
+
+
+def test_a_budget_too_small_for_the_shared_prefix_restores_nothing_that_extends_it(tiny_llama_dir, tmp_path):
+    from preheat.engine.kv.snapshot import load_latest_snapshot, save_snapshot
+
+    source = LLM(model=str(tiny_llama_dir), dtype="float32", page_size=4, max_total_tokens=1024)
+    (system,) = prompts(5, 1, 40)
+    source.generate([system + t for t in prompts(6, 2, 12)], GREEDY)
+    source.engine.pin_prefix(system)
+    save_snapshot(tmp_path, source.engine.fingerprint, source.engine.export_prefixes(None), "pod-a")
+
+    loaded = load_latest_snapshot(tmp_path, source.engine.fingerprint, max_tokens=20)
+    # the 40-token pinned prefix does not fit; its extensions are useless without it
+    assert loaded.records == []

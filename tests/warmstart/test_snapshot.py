@@ -61,10 +61,10 @@ def test_every_kv_dtype_round_trips(tmp_path, dtype):
 def test_the_manifest_describes_every_prefix(tmp_path):
     path = save_snapshot(tmp_path, FP, [record(8, 1, hits=3, pinned=True)], "pod-a")
     m = manifest(path)
-    assert (m["format"], m["format_version"], m["fingerprint"], m["writer_id"]) == (snap.FORMAT, 1, FP, "pod-a")
+    assert (m["format"], m["format_version"], m["fingerprint"], m["writer_id"]) == (snap.FORMAT, 2, FP, "pod-a")
     assert abs(m["created_at"] - time.time()) < 60
     (e,) = m["prefixes"]
-    assert (e["num_tokens"], e["pages"], e["hits"], e["pinned"]) == (8, 2, 3, True)
+    assert (e["num_tokens"], e["kv_start"], e["pages"], e["hits"], e["pinned"]) == (8, 0, 2, 3, True)
     assert (e["shape"], e["dtype"], len(e["sha256"])) == ([2, 2, 8, 2, 4], "bfloat16", 64)
     assert m["files"][e["file"]]["size"] == (path / e["file"]).stat().st_size
     assert sorted(p.name for p in path.iterdir()) == sorted(["manifest.json", e["file"]])
@@ -202,7 +202,7 @@ def test_an_unparsable_manifest_is_refused(tmp_path, one, text):
     refused(tmp_path, "manifest_unparsable")
 
 
-@pytest.mark.parametrize("version", [2, 0, "1", None, True])
+@pytest.mark.parametrize("version", [1, 3, 0, "2", None, True])
 def test_an_unknown_format_version_is_refused(tmp_path, one, version):
     m = manifest(one)
     m["format_version"] = version
