@@ -66,6 +66,17 @@ class RotaryEmbedding:
         return cos[:, None, :], sin[:, None, :]  # broadcast over heads
 
 
+def padded_rows(n: int) -> int:
+    """Row count the CPU matmuls run at. oneDNN builds (and caches) a kernel per matrix shape,
+    and building one costs milliseconds: with mixed batches every step would have a new row
+    count. Rounding up to a few buckets keeps the set of shapes small and cached."""
+    if n <= 16:
+        return 1 << (n - 1).bit_length()
+    if n <= 256:
+        return -(-n // 16) * 16
+    return -(-n // 64) * 64
+
+
 class LlamaModel:
     """Holds weights as plain tensors (fused qkv and gate/up) and runs the forward pass."""
 
@@ -80,13 +91,20 @@ class LlamaModel:
             for i in range(spec.num_layers)
         ]
         self.scale = spec.head_dim**-0.5
+        self.pad_rows = self.embed.device.type == "cpu"  # cuBLAS has no per-shape build cost
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, meta: AttentionMetadata, kv_pool) -> torch.Tensor:
         """Returns final hidden states [T, hidden] (after the last norm)."""
         spec = self.spec
+        rows = input_ids.shape[0]
+        pad = padded_rows(rows) - rows if self.pad_rows else 0
+        positions = meta.positions
+        if pad:  # padding rows run through the matmuls only; attention never sees them
+            input_ids = F.pad(input_ids, (0, pad))
+            positions = F.pad(positions, (0, pad))
         h = F.embedding(input_ids, self.embed)
-        cos, sin = self.rope(meta.positions)
+        cos, sin = self.rope(positions)
         q_size = spec.num_heads * spec.head_dim
         kv_size = spec.num_kv_heads * spec.head_dim
         heads_qk = spec.num_heads + spec.num_kv_heads
@@ -102,8 +120,8 @@ class LlamaModel:
             qkv = F.linear(x, w["qkv"], w["qkv_bias"])
             # q and k sit side by side in qkv: rotate them in one pass (half the ops per layer).
             qk = apply_rope(qkv[:, : q_size + kv_size].view(-1, heads_qk, spec.head_dim), cos, sin)
-            q, k = qk.split([spec.num_heads, spec.num_kv_heads], dim=1)
-            v = qkv[:, q_size + kv_size :].view(-1, spec.num_kv_heads, spec.head_dim)
+            q, k = qk[:rows].split([spec.num_heads, spec.num_kv_heads], dim=1)
+            v = qkv[:rows, q_size + kv_size :].view(-1, spec.num_kv_heads, spec.head_dim)
             k_cache, v_cache = kv_pool.k(index), kv_pool.v(index)
             attention.write_kv(k_cache, v_cache, k, v, meta.slots)
             if nd == q.shape[0]:
@@ -128,15 +146,22 @@ class LlamaModel:
                         ),
                     )
                 )
-            h = residual + F.linear(o.reshape(-1, q_size), w["o"])
+            o = o.reshape(rows, q_size)
+            if pad:
+                o = F.pad(o, (0, 0, 0, pad))
+            h = residual + F.linear(o, w["o"])
             residual = h
             x = rms_norm(h, w["post_norm"], spec.rms_norm_eps)
             gate, up = F.linear(x, w["gate_up"]).chunk(2, dim=-1)
             h = residual + F.linear(F.silu(gate) * up, w["down"])
-        return rms_norm(h, self.norm, spec.rms_norm_eps)
+        return rms_norm(h[:rows], self.norm, spec.rms_norm_eps)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden, self.lm_head).to(torch.float32)
+        rows = hidden.shape[0]
+        pad = padded_rows(rows) - rows if self.pad_rows else 0
+        if pad:
+            hidden = F.pad(hidden, (0, 0, 0, pad))
+        return F.linear(hidden, self.lm_head)[:rows].to(torch.float32)
 
 
 _LAYER_TENSORS = ("input_norm", "qkv", "qkv_bias", "o", "post_norm", "gate_up", "down")
