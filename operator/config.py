@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import time
 from dataclasses import dataclass, field
 
 
@@ -13,10 +14,24 @@ class OperatorConfig:
     all_namespaces: bool = False
     peering: str | None = None  # kopf peering name: leader election between replicas
     standalone: bool = False
+    # kopf peering: the live operator with the highest priority acts, the others pause; equal
+    # priorities pause *all* of them, so every replica needs its own (None: startup_priority()).
+    priority: int | None = None
     resync_seconds: float = 30.0  # level-triggered: every service is reconciled this often
     liveness: str | None = None  # e.g. http://0.0.0.0:8080/healthz
     log_level: str = "info"
     extra: dict[str, str] = field(default_factory=dict)
+
+
+def startup_priority(now_ns: int | None = None) -> int:
+    """A replica's default peering priority: the earlier it started, the higher.
+
+    Replicas of one Deployment share their flags, so a fixed priority would tie, and kopf
+    freezes every operator of a tie. Start time (in microseconds) breaks the tie and keeps
+    the longest-running replica in charge: a replica added by a rollout or a scale-up does
+    not take over from a working one, it waits until that one is gone.
+    """
+    return -((time.time_ns() if now_ns is None else now_ns) // 1000)
 
 
 def _env(name: str, default: str | None = None) -> str | None:
@@ -40,6 +55,10 @@ def parse_args(argv: list[str]) -> OperatorConfig:
     peer.add_argument("--standalone", action="store_true",
                       default=_env("STANDALONE", "") in ("1", "true"),
                       help="Run without peering (a single replica).")
+    p.add_argument("--priority", type=int,
+                   default=int(_env("PRIORITY")) if _env("PRIORITY") else None,
+                   help="kopf peering priority (highest live one acts; default: earlier "
+                        "start = higher). Replicas must not share one.")
     p.add_argument("--resync-seconds", type=float, default=float(_env("RESYNC_SECONDS", "30")),
                    help="Re-reconcile every service at least this often.")
     p.add_argument("--liveness", default=_env("LIVENESS"),
@@ -59,5 +78,6 @@ def parse_args(argv: list[str]) -> OperatorConfig:
         p.error("--resync-seconds must be positive")
     return OperatorConfig(namespaces=namespaces, all_namespaces=a.all_namespaces,
                           peering=a.peering, standalone=a.standalone or not a.peering,
+                          priority=a.priority,
                           resync_seconds=a.resync_seconds, liveness=a.liveness,
                           log_level=a.log_level)

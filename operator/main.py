@@ -6,7 +6,7 @@ import asyncio
 
 import kopf
 
-from preheat.operator.config import OperatorConfig, parse_args
+from preheat.operator.config import OperatorConfig, parse_args, startup_priority
 
 
 def run(config: OperatorConfig) -> None:
@@ -16,6 +16,8 @@ def run(config: OperatorConfig) -> None:
     kopf.run(
         standalone=config.standalone,
         peering_name=None if config.standalone else config.peering,
+        priority=None if config.standalone else (
+            startup_priority() if config.priority is None else config.priority),
         clusterwide=config.all_namespaces,
         namespaces=() if config.all_namespaces else config.namespaces,
         liveness_endpoint=config.liveness,

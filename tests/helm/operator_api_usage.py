@@ -5,13 +5,17 @@
 - kopf handlers: `@kopf.on.event(...)` watches (list, watch); `@kopf.daemon/timer/on.*`
   also patch the resource (kopf's finalizer and progress annotations).
 - kopf itself, triggered by calls in our code: `kopf.event(...)` creates core Events;
-  `kopf.run(namespaces=...)` lists/watches namespaces; a `peering_name` uses kopfpeerings.
+  `kopf.run(namespaces=...)` lists/watches namespaces; a `peering_name` uses
+  kopfpeerings (clusterkopfpeerings cluster-wide) with the verbs read from kopf's own
+  peering code (kopf_peering_verbs), so a kopf upgrade that changes them fails the test.
 """
 
 from __future__ import annotations
 
 import ast
 import pathlib
+
+import kopf
 
 from preheat.operator import resources
 
@@ -40,6 +44,35 @@ def _kopf_resource(call: ast.Call) -> tuple[str, str]:
         return args[0] or "", args[2] or ""
     version, plural = args[0] or "", args[1] or ""  # "v1", "pods": the core group
     return ("" if "/" not in version else version.split("/")[0]), plural
+
+
+KOPF_DIR = pathlib.Path(kopf.__file__).resolve().parent
+# kopf's internal API calls (kopf/_cogs/clients/) and the RBAC verbs each one needs;
+# a watcher lists first, then watches from the listing's resourceVersion.
+KOPF_CLIENT_VERBS = {
+    "api.get": {"get", "list"}, "api.post": {"create"}, "api.patch": {"patch"},
+    "api.delete": {"delete"}, "api.stream": {"watch"}, "fetching.fetch_objs": {"list"},
+    "creating.create_obj": {"create"}, "patching.patch_obj": {"patch"},
+    "watching.infinite_watch": {"list", "watch"}, "watching.continuous_watch": {"list", "watch"},
+    "queueing.watcher": {"list", "watch"},
+}
+
+
+def _kopf_calls(tree: ast.AST) -> set[str]:
+    return {_dotted(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)} | \
+        {_dotted(n) for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+
+
+def kopf_peering_verbs() -> set[str]:
+    """The verbs kopf's peering uses on the peering object: every kopf client call in its
+    peering engine (keep-alives, cleanup of dead peers) plus the observer the orchestrator
+    starts for it (passed as a function, hence attributes as well as calls)."""
+    engine = ast.parse((KOPF_DIR / "_core" / "engines" / "peering.py").read_text())
+    orchestration = ast.parse((KOPF_DIR / "_core" / "reactor" / "orchestration.py").read_text())
+    [spawner] = [n for n in ast.walk(orchestration) if isinstance(n, ast.AsyncFunctionDef)
+                 and n.name == "spawn_missing_peerings"]
+    names = _kopf_calls(engine) | _kopf_calls(spawner)
+    return set().union(*(verbs for call, verbs in KOPF_CLIENT_VERBS.items() if call in names))
 
 
 def used_rules(peering: bool, namespaced: bool = True) -> set[Rule]:
@@ -77,5 +110,5 @@ def used_rules(peering: bool, namespaced: bool = True) -> set[Rule]:
                     rules |= {("", "namespaces", "list"), ("", "namespaces", "watch")}
                 if "peering_name" in kwargs and peering:
                     plural = "kopfpeerings" if namespaced else "clusterkopfpeerings"
-                    rules |= {("kopf.dev", plural, v) for v in ("get", "list", "watch", "patch")}
+                    rules |= {("kopf.dev", plural, v) for v in kopf_peering_verbs()}
     return rules

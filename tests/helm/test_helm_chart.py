@@ -13,7 +13,7 @@ import sys
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "operator"))
 import crd_schema  # noqa: E402
 from helm_tools import ensure_tools
-from operator_api_usage import used_rules
+from operator_api_usage import kopf_peering_verbs, used_rules
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "preheat"
@@ -73,9 +73,16 @@ def test_every_rendered_object_is_valid(helm, tmp_path, values):
     kinds = {o["kind"] for o in objects}
     assert {"CustomResourceDefinition", "Deployment", "ServiceAccount", "ConfigMap",
             "ClusterRole", "ClusterRoleBinding"} <= kinds
+    # Custom kinds the chart itself defines (InferenceService, kopf's peerings): the
+    # CRD's own schema (and CEL rules), as the API server would check them.
+    crds = {(c["spec"]["group"], c["spec"]["names"]["kind"]): c
+            for c in objects if c["kind"] == "CustomResourceDefinition"}
     for obj in objects:
-        if obj["kind"] == "InferenceService":
-            assert crd_schema.errors(obj) == []  # our own kind: the CRD's schema and CEL
+        crd = crds.get((obj["apiVersion"].split("/")[0], obj["kind"]))
+        if crd is not None:
+            schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+            assert crd_schema.errors(obj, schema) == []
+            assert ("namespace" in obj["metadata"]) == (crd["spec"]["scope"] == "Namespaced")
         elif obj["kind"] == "PodMonitor":
             # Prometheus Operator kind, not in the Kubernetes schemas: check what we rely on.
             ep = obj["spec"]["podMetricsEndpoints"][0]
@@ -93,9 +100,53 @@ def test_rich_values_reach_the_deployment(helm, tmp_path):
     assert "--log-level=debug" in c["args"]
 
 
-def test_the_charts_crd_is_the_repositorys_crd():
-    assert (CHART / "crds" / "inferenceservices.yaml").read_bytes() == \
-        (ROOT / "crds" / "inferenceservices.yaml").read_bytes()
+@pytest.mark.parametrize("crd", ["inferenceservices.yaml", "kopf-peerings.yaml"])
+def test_the_charts_crds_are_the_repositorys_crds(crd):
+    assert (CHART / "crds" / crd).read_bytes() == (ROOT / "crds" / crd).read_bytes()
+
+
+def test_the_chart_ships_exactly_the_repositorys_crds():
+    assert sorted(p.name for p in (CHART / "crds").iterdir()) == \
+        sorted(p.name for p in (ROOT / "crds").glob("*.yaml"))
+
+
+def _peerings(objects: list[dict]) -> set[tuple[str, str, str | None]]:
+    return {(o["kind"], o["metadata"]["name"], o["metadata"].get("namespace"))
+            for o in objects if o["apiVersion"] == "kopf.dev/v1"}
+
+
+def _peering_arg(objects: list[dict]) -> str | None:
+    [dep] = [o for o in objects if o["kind"] == "Deployment"]
+    args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
+    return next((a.split("=", 1)[1] for a in args if a.startswith("--peering=")), None)
+
+
+def test_one_replica_runs_standalone_without_a_peering_object(helm, tmp_path):
+    objects = rendered(helm, tmp_path)
+    assert _peering_arg(objects) is None and _peerings(objects) == set()
+
+
+def test_replicas_meet_in_a_peering_object_in_every_watched_namespace(helm, tmp_path):
+    # kopf keeps one keep-alive per served namespace, so each needs the object.
+    objects = rendered(helm, tmp_path, RICH_VALUES)
+    assert _peering_arg(objects) == "preheat"
+    assert _peerings(objects) == {("KopfPeering", "preheat", "llm-prod"),
+                                  ("KopfPeering", "preheat", "llm-staging")}
+    objects = rendered(helm, tmp_path, {"operator": {"replicas": 2}})
+    assert _peerings(objects) == {("KopfPeering", "preheat", "preheat-system")}
+
+
+def test_cluster_wide_replicas_meet_in_a_cluster_peering_object(helm, tmp_path):
+    objects = rendered(helm, tmp_path, {"operator": {"replicas": 3},
+                                        "watch": {"allNamespaces": True}})
+    assert _peering_arg(objects) == "preheat"
+    assert _peerings(objects) == {("ClusterKopfPeering", "preheat", None)}
+
+
+def test_each_replica_names_itself_in_the_peering_object(helm, tmp_path):
+    [dep] = [o for o in rendered(helm, tmp_path, RICH_VALUES) if o["kind"] == "Deployment"]
+    env = dep["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert {"name": "POD_ID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}} in env
 
 
 def test_the_warmup_configmap_carries_every_shipped_template(helm, tmp_path):
@@ -156,6 +207,24 @@ def test_rbac_grants_exactly_what_the_operator_code_uses(helm, tmp_path, values,
     if namespaced:  # namespace-scoped grants except kopf's read-only namespace scan
         cluster = _granted(objects, {"ClusterRole"})
         assert cluster == {("", "namespaces", "list"), ("", "namespaces", "watch")}
+
+
+def test_peering_grants_follow_kopfs_own_peering_calls():
+    # kopf watches the peering object and merge-patches its keep-alive into it; it never
+    # reads it by name, creates or deletes it (the chart creates it).
+    assert kopf_peering_verbs() == {"list", "watch", "patch"}
+    assert {r for r in used_rules(peering=True) if r[0] == "kopf.dev"} == \
+        {("kopf.dev", "kopfpeerings", v) for v in ("list", "watch", "patch")}
+    assert {r for r in used_rules(peering=True, namespaced=False) if r[0] == "kopf.dev"} == \
+        {("kopf.dev", "clusterkopfpeerings", v) for v in ("list", "watch", "patch")}
+
+
+def test_the_rbac_check_notices_a_missing_peering_grant(helm, tmp_path):
+    objects = rendered(helm, tmp_path, {"operator": {"replicas": 2}})
+    role = next(o for o in objects if o["kind"] == "Role")
+    role["rules"] = [r for r in role["rules"] if r["apiGroups"] != ["kopf.dev"]]
+    assert used_rules(peering=True) - _granted(objects, {"Role", "ClusterRole"}) == \
+        {("kopf.dev", "kopfpeerings", v) for v in ("list", "watch", "patch")}
 
 
 def test_the_rbac_check_notices_an_extra_grant(helm, tmp_path):

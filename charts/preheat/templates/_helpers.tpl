@@ -37,6 +37,11 @@ app.kubernetes.io/component: operator
 {{- end -}}
 {{- end -}}
 
+{{/* Several replicas elect one active operator through kopf peering; one runs standalone. */}}
+{{- define "preheat.peering" -}}
+{{- if gt (int .Values.operator.replicas) 1 -}}true{{- end -}}
+{{- end -}}
+
 {{/* What the operator does with the API: keep in step with operator/ (tests/helm checks). */}}
 {{- define "preheat.operatorRules" -}}
 - apiGroups: [serving.preheat.dev]
@@ -66,9 +71,10 @@ app.kubernetes.io/component: operator
 - apiGroups: [""]
   resources: [events]
   verbs: [create]
-{{- if gt (int .Values.operator.replicas) 1 }}
+{{- if include "preheat.peering" . }}
+# kopf's peering: watch the peering object, patch our own keep-alive into its status.
 - apiGroups: [kopf.dev]
   resources: [{{ if .Values.watch.allNamespaces }}clusterkopfpeerings{{ else }}kopfpeerings{{ end }}]
-  verbs: [get, list, watch, patch]
+  verbs: [list, watch, patch]
 {{- end }}
 {{- end -}}
