@@ -28,7 +28,9 @@ import kmock
 import yaml
 from kmock._internal import apps, enums, k8s, parsing, references, rendering
 
-CRD_PATH = pathlib.Path(__file__).resolve().parents[2] / "crds" / "inferenceservices.yaml"
+CRD_DIR = pathlib.Path(__file__).resolve().parents[2] / "crds"
+CRD_PATH = CRD_DIR / "inferenceservices.yaml"
+PEERING_CRDS_PATH = CRD_DIR / "kopf-peerings.yaml"  # kopf.dev: for operators with --peering
 
 
 def _now() -> str:
@@ -181,9 +183,11 @@ def write_kubeconfig(directory: pathlib.Path, url: Any) -> pathlib.Path:
 
 @attrs.define(kw_only=True)
 class KubeAPIServer(kmock.KubernetesEmulator):
-    crds: tuple[pathlib.Path, ...] = (CRD_PATH,)
+    crds: tuple[pathlib.Path, ...] = (CRD_PATH, PEERING_CRDS_PATH)
     _rv: int = attrs.field(default=0, init=False)
     _created: dict[int, dict[str, Any]] = attrs.field(factory=dict, init=False)
+    # Every change, in order: a watch from a resourceVersion replays what came after it.
+    _log: list[tuple[Any, dict[str, Any]]] = attrs.field(factory=list, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -229,6 +233,7 @@ class KubeAPIServer(kmock.KubernetesEmulator):
     async def _store(self, key: Any, body: dict[str, Any], event: str) -> None:
         obj = self._objects[key]
         obj.history.append(body)
+        self._log.append((key[0], {"type": event, "object": copy.deepcopy(body)}))
         await self._buses[key[0]].put({"type": event, "object": copy.deepcopy(body)})
 
     async def _remove(self, key: Any) -> None:
@@ -237,6 +242,7 @@ class KubeAPIServer(kmock.KubernetesEmulator):
         body["metadata"]["resourceVersion"] = self._next_rv()
         obj.history.append(body)
         obj.delete()
+        self._log.append((key[0], {"type": "DELETED", "object": copy.deepcopy(body)}))
         await self._buses[key[0]].put({"type": "DELETED", "object": body})
         await self._collect_garbage(body["metadata"].get("uid"))
 
@@ -354,6 +360,35 @@ class KubeAPIServer(kmock.KubernetesEmulator):
                        "selector": (body.get("status") or {}).get("selector", "")},
         }
 
+    # -- diagnostics --
+
+    def dump(self, plurals: tuple[str, ...] = ("inferenceservices", "pods", "events")) -> str:
+        """The stored objects of those resources, one line each (what a failed test prints):
+        resourceVersion, labels, finalizers, deletion mark, phase, conditions; the status of
+        anything that is not a pod, the reason and message of events."""
+        lines = [f"--- API emulator state (resourceVersion {self._rv})"]
+        for (resource, namespace, name), obj in list(self._objects.items()):
+            if resource.plural not in plurals or obj.deleted:
+                continue
+            raw = obj.raw
+            meta = raw.get("metadata") or {}
+            status = raw.get("status") or {}
+            line = [f"{resource.plural}/{namespace}/{name} rv={meta.get('resourceVersion')}"]
+            if resource.plural == "events":
+                line.append(f"{raw.get('reason')}: {raw.get('message')}")
+            else:
+                line.append(f"labels={meta.get('labels') or {}}")
+                for k in ("finalizers", "deletionTimestamp"):
+                    if meta.get(k):
+                        line.append(f"{k}={meta[k]}")
+                if resource.plural == "pods":
+                    conds = {c.get("type"): c.get("status") for c in status.get("conditions") or []}
+                    line.append(f"phase={status.get('phase')} conditions={conds}")
+                else:
+                    line.append(f"spec={raw.get('spec')} status={status}")
+            lines.append(" ".join(line))
+        return "\n".join(lines)
+
     # -- rendering overrides --
 
     async def _serve_create(self, request: rendering.Request) -> Any:
@@ -402,6 +437,23 @@ class KubeAPIServer(kmock.KubernetesEmulator):
                 items = self._matching(request)
             for item in items:
                 yield {"type": "ADDED", "object": item}
+        else:
+            # Like the real server: everything since that version, even what changed between
+            # the client's listing and this watch (kopf lists, then watches from the list's rv;
+            # a peering keep-alive landing in between was lost before).
+            async with self._lock:
+                missed = [copy.deepcopy(e) for r, e in self._log if r == request.resource
+                          and int(e["object"]["metadata"]["resourceVersion"]) > since_rv]
+            for event in missed:
+                meta = event["object"]["metadata"]
+                if request.namespace is not None and meta.get("namespace") != request.namespace:
+                    continue
+                if request.name is not None and meta.get("name") != request.name:
+                    continue
+                if labels_match(event["object"], selector):
+                    yield event
+            if missed:
+                since_rv = int(missed[-1]["object"]["metadata"]["resourceVersion"])
         async for event in mark:
             obj = event.get("object") or {}
             meta = obj.get("metadata") or {}
