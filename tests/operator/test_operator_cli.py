@@ -1,6 +1,6 @@
 """`preheat operator` flags become one OperatorConfig."""
 
-from preheat.operator.config import parse_args
+from preheat.operator.config import parse_args, startup_priority
 
 
 def test_defaults_to_one_namespace_standalone(monkeypatch):
@@ -17,3 +17,10 @@ def test_peering_turns_standalone_off_and_all_namespaces_drops_the_list():
 def test_the_pod_namespace_is_the_default_scope(monkeypatch):
     monkeypatch.setenv("POD_NAMESPACE", "preheat-system")
     assert parse_args([]).namespaces == ("preheat-system",)
+
+
+def test_an_earlier_start_means_a_higher_peering_priority():
+    # Replicas share flags; kopf freezes all operators whose priorities tie.
+    assert startup_priority(1_000_000_000) > startup_priority(1_000_001_000)
+    assert parse_args(["--peering", "p"]).priority is None  # main picks startup_priority()
+    assert parse_args(["--peering", "p", "--priority", "100"]).priority == 100
