@@ -48,6 +48,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _rv(pod: Mapping[str, Any]) -> int:
+    rv = str((pod.get("metadata") or {}).get("resourceVersion") or "")
+    return int(rv) if rv.isdigit() else -1
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -99,6 +104,7 @@ class LocalKubelet:
         self._tasks: list[asyncio.Task] = []
         self._done: set[str] = set()  # uids whose pod has finished here
         self._closing = False
+        self.stale_versions = 0  # pod versions older than one already seen, ignored (_seen)
 
     # -- what tests ask --
 
@@ -174,7 +180,7 @@ class LocalKubelet:
             self.pods[uid] = rt
             rt.task = asyncio.create_task(self._run(rt))
         else:
-            rt.pod = pod
+            self._seen(rt, pod)
             rt.wake.set()  # e.g. the operator opened the readiness gate
 
     async def _housekeeping(self, path: str) -> None:
@@ -186,8 +192,34 @@ class LocalKubelet:
                 if resp.status_code == 200:
                     present = {p["metadata"]["uid"] for p in resp.json().get("items") or []}
                     for uid, rt in list(self.pods.items()):
-                        if uid not in present:
+                        if uid not in present and not rt.stop.is_set() and \
+                                await self._gone(path, rt):
                             rt.stop.set()
+
+    async def _gone(self, path: str, rt: PodRuntime) -> bool:
+        """Whether the pod is really gone. Absence from a list is not enough: the list is
+        the server's state when it was taken, and the watch may have delivered a pod created
+        after that before the list's response is read. Stopping that pod would leave it in
+        the API, never started again: unready for good, with nothing for the operator to
+        do (the one-in-a-few wedge of the e2e scenario). One GET by name settles it."""
+        resp = await self._client.get(f"{path}/{rt.name}")
+        if resp.status_code == 404:
+            return True
+        resp.raise_for_status()
+        return resp.json()["metadata"]["uid"] != rt.uid
+
+    def _seen(self, rt: PodRuntime, pod: dict[str, Any]) -> None:
+        """Keeps the newest version of the pod. The watch and the responses to our own status
+        writes arrive on different connections, in either order: the response to a write can
+        come back after the watch has already delivered a later change by someone else (the
+        operator opening the readiness gate in reaction to that very write). Taking the
+        stale response would hide the gate, and with nothing left to change, Ready would never
+        be written: the pod stays unready forever. (resourceVersions are the emulator's
+        counter; on a real server they are opaque, but this harness only runs on it.)"""
+        if _rv(pod) >= _rv(rt.pod):
+            rt.pod = pod
+        else:
+            self.stale_versions += 1
 
     async def _report(self, rt: PodRuntime) -> None:
         desired = podstatus.status(rt.pod, rt.state, rt.phase, _now(), rt.reason, rt.message)
@@ -196,7 +228,7 @@ class LocalKubelet:
         path = f"/api/v1/namespaces/{self.namespace}/pods/{rt.name}/status"
         resp = await self._client.patch(path, json={"status": desired}, headers=STRATEGIC)
         if resp.status_code == 200:
-            rt.pod = resp.json()
+            self._seen(rt, resp.json())
         elif resp.status_code != 404:
             log.warning("status of %s: HTTP %s %s", rt.name, resp.status_code, resp.text[:200])
 
@@ -286,12 +318,14 @@ class LocalKubelet:
         next_probe = began = loop.time()
         try:
             while True:
-                rt.wake.clear()
                 woken = asyncio.create_task(rt.wake.wait())
                 timeout = max(0.0, next_probe - loop.time())
                 await asyncio.wait({exited, stopping, woken}, timeout=timeout,
                                    return_when=asyncio.FIRST_COMPLETED)
                 woken.cancel()
+                # Cleared before the report reads rt.pod, never after: a pod change that
+                # arrives while we report wakes the next round instead of being dropped.
+                rt.wake.clear()
                 if exited.done():
                     break
                 if stopping.done():

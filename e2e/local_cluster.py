@@ -15,7 +15,7 @@ import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import AsyncIterator
+from typing import Any, AsyncIterator
 
 import kmock
 import kopf
@@ -46,6 +46,7 @@ class LocalCluster:
     kubelet: LocalKubelet
     operator: OperatorProcess
     root: Path
+    api: Any = None  # the KubeAPIServer, for diagnostics
     namespace: str = NAMESPACE
 
     # The scenario's driver interface (e2e/scenario.py), shared with the real-cluster one.
@@ -65,8 +66,22 @@ class LocalCluster:
         await self.operator.start()
 
     def diagnostics(self, tail: int = 3000) -> str:
-        """The operator's log and the end of every engine log, for a failed run."""
-        parts = [f"--- operator\n{self.operator.logs()}"]
+        """For a failed run: the operator's logs, the emulator's objects, the kubelet's view
+        of each pod (which may lag the emulator's), and the end of every engine log. The
+        full logs stay under self.root (pytest keeps the last three tmp_path trees)."""
+        parts = [f"--- logs under {self.root}", f"--- operator\n{self.operator.logs()}"]
+        if self.api is not None:
+            parts.append(self.api.dump())
+        parts.append(f"--- kubelet (stale pod versions ignored: "
+                     f"{self.kubelet.stale_versions})")
+        for rt in self.kubelet.pods.values():
+            meta, st = rt.pod.get("metadata") or {}, rt.pod.get("status") or {}
+            conds = {c.get("type"): c.get("status") for c in st.get("conditions") or []}
+            parts.append(f"{rt.name} seen rv={meta.get('resourceVersion')} phase={rt.phase} "
+                         f"state={rt.state} conditions={conds} port={rt.port} "
+                         f"last probes={rt.probes[-3:]}")
+        parts.append("finished here (no process): " + ", ".join(
+            f"{rt.name} exits={rt.exit_codes}" for rt in self.kubelet.finished))
         for rt in [*self.kubelet.pods.values(), *self.kubelet.finished]:
             for path in rt.logs:
                 text = path.read_text(errors="replace") if path.exists() else ""
@@ -87,6 +102,7 @@ async def local_cluster(root: Path, resync_seconds: float = 2.0) -> AsyncIterato
                 OperatorProcess(kubeconfig, NAMESPACE, root, resync_seconds) as operator:
             kube = Kube(kopf.ConnectionInfo(server=url))
             try:
-                yield LocalCluster(kube=kube, kubelet=kubelet, operator=operator, root=root)
+                yield LocalCluster(kube=kube, kubelet=kubelet, operator=operator, root=root,
+                                   api=api)
             finally:
                 await kube.close()

@@ -61,3 +61,4 @@ async def test_inference_service_end_to_end_on_one_machine(tmp_path):
             raise
         finally:
             print("e2e timings:", json.dumps(t.values, indent=1))
+            print("kubelet: stale pod versions ignored:", cluster.kubelet.stale_versions)
