@@ -45,7 +45,7 @@ class ModelSpec:
             intermediate_size=config.intermediate_size,
             vocab_size=config.vocab_size,
             rms_norm_eps=config.rms_norm_eps,
-            max_position_embeddings=getattr(config, "max_position_embeddings", 4096),
+            max_position_embeddings=_context_limit(config),
             tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
             qkv_bias=qkv_bias,
         )
@@ -53,6 +53,18 @@ class ModelSpec:
     def kv_bytes_per_token(self, kv_dtype: torch.dtype) -> int:
         itemsize = torch.empty((), dtype=kv_dtype).element_size()
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * itemsize
+
+
+def _context_limit(config: Any) -> int:
+    """The longest sequence we serve exactly. Our attention is full attention: a Mistral-style
+    sliding window shorter than the context would change the output beyond the window, so the
+    context is capped at the window instead."""
+    limit = int(getattr(config, "max_position_embeddings", 4096))
+    window = getattr(config, "sliding_window", None)
+    uses_window = getattr(config, "use_sliding_window", True)  # Qwen2 keeps a window it does not use
+    if window and uses_window and int(window) < limit:
+        return int(window)
+    return limit
 
 
 def rope_parameters(config: Any) -> dict[str, Any]:

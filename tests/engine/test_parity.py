@@ -98,3 +98,14 @@ def test_embedded_smollm2_matches_transformers():
     assert [r.token_ids for r in first] == expected
     assert [r.token_ids for r in second] == expected[:3]
     assert all(r.cached_tokens >= 48 for r in second)  # the shared system prompt, at least
+
+
+def test_a_sliding_window_shorter_than_the_context_caps_the_context():
+    from transformers import MistralConfig
+
+    from preheat.engine.model.spec import ModelSpec
+
+    windowed = MistralConfig(max_position_embeddings=32768, sliding_window=4096)
+    unwindowed = MistralConfig(max_position_embeddings=32768, sliding_window=None)
+    assert ModelSpec.from_hf_config(windowed).max_position_embeddings == 4096
+    assert ModelSpec.from_hf_config(unwindowed).max_position_embeddings == 32768
