@@ -5,23 +5,10 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
 from types import SimpleNamespace
 
-
-@dataclass
-class FakeOutput:
-    request_id: str
-    prompt_token_ids: list[int]
-    token_ids: list[int]
-    new_token_ids: list[int]
-    text: str
-    new_text: str
-    finished: bool
-    finish_reason: str | None
-    cached_tokens: int = 0
-    logprobs: None = None
-    new_logprobs: None = None
+# The real output type, so the fake cannot drift from what the server reads.
+from preheat.engine.sequence import RequestOutput
 
 
 class FakeEngine:
@@ -52,7 +39,7 @@ class FakeEngine:
         with self._lock:
             return bool(self.live or self._aborts)
 
-    def step(self) -> list[FakeOutput]:
+    def step(self) -> list[RequestOutput]:
         if self.fail_on_step:
             raise RuntimeError("boom")
         time.sleep(0.002)  # a step takes time, so a client can leave mid-request
@@ -68,9 +55,9 @@ class FakeEngine:
                 done = len(r["out"]) >= r["max"]
                 if done:
                     del self.live[rid]
-                outs.append(FakeOutput(rid, r["prompt"], list(r["out"]), [tok],
-                                       self.tokenizer.decode(r["out"]), self.tokenizer.decode([tok]),
-                                       done, "length" if done else None))
+                outs.append(RequestOutput(rid, r["prompt"], list(r["out"]), [tok],
+                                          self.tokenizer.decode(r["out"]), self.tokenizer.decode([tok]),
+                                          done, "length" if done else None, cached_tokens=0))
         return outs
 
     def stats(self):
