@@ -273,10 +273,7 @@ def main() -> int:
     bw = memory_bandwidth_gbps()
     # What one decode step streams: every layer's matrices and the LM head (the input
     # embedding is a lookup of a few rows, and with tied weights it is the LM head anyway).
-    model = engine.model
-    step_tensors = [t for layer in model.layers for t in layer.values() if t is not None]
-    step_tensors += [model.lm_head, model.norm]
-    weight_bytes = sum(t.numel() * t.element_size() for t in step_tensors)
+    weight_bytes = engine.model.step_weight_bytes
     engine.radix.reset()
     b1 = batch1_decode(engine)
     limit = bw * 1e9 / weight_bytes

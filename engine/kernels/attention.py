@@ -1,8 +1,8 @@
 """The one dispatch point for attention over the paged KV pool.
 
-The model calls only these three functions. Which implementation runs (the PyTorch
-reference on CPU, Triton kernels on CUDA) is chosen once per process by `set_backend`,
-which the runner calls with the device it runs on.
+The model calls only these functions (and the prepare_* hooks, once per forward pass).
+Which implementation runs (the PyTorch reference on CPU, Triton kernels on CUDA) is chosen
+once per process by `set_backend`, which the runner calls with the device it runs on.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Callable
 
 import torch
 
-from preheat.engine.kernels import reference
+from preheat.engine.kernels import batched_extend, reference
 
 log = logging.getLogger(__name__)
 
@@ -61,11 +61,21 @@ def prepare_decode(page_table, seq_lens, page_size: int):
     return reference.DecodeGather(page_table, seq_lens, page_size)
 
 
+def prepare_extend(page_table, prefix_lens: list[int], extend_lens: list[int], page_size: int):
+    """Per-batch work shared by every layer's extend attention: a plan for the batched
+    torch path, or None when padding would waste too much (the per-sequence one runs)."""
+    if not batched_extend.worth_batching(prefix_lens, extend_lens):
+        return None
+    return batched_extend.plan_extend(page_table, prefix_lens, extend_lens, page_size)
+
+
 def decode_attention(q, k_cache, v_cache, page_table, seq_lens, scale, prepared=None) -> torch.Tensor:
     if prepared is not None:
         return reference.decode_attention(q, k_cache, v_cache, page_table, seq_lens, scale, prepared)
     return _impl["decode_attention"](q, k_cache, v_cache, page_table, seq_lens, scale)
 
 
-def extend_attention(q, k_cache, v_cache, page_table, prefix_lens, extend_lens, scale) -> torch.Tensor:
+def extend_attention(q, k_cache, v_cache, page_table, prefix_lens, extend_lens, scale, prepared=None) -> torch.Tensor:
+    if prepared is not None:
+        return batched_extend.extend_attention(q, k_cache, v_cache, prepared, scale)
     return _impl["extend_attention"](q, k_cache, v_cache, page_table, prefix_lens, extend_lens, scale)

@@ -90,6 +90,9 @@ class LlamaModel:
             {name: weights.get(f"layers.{i}.{name}") for name in _LAYER_TENSORS}
             for i in range(spec.num_layers)
         ]
+        # What one decode step reads from memory: every matrix and norm once (the embedding
+        # is a lookup of a few rows; tied, it is read in full as the LM head).
+        self.step_weight_bytes = sum(t.numel() * t.element_size() for k, t in weights.items() if k != "embed")
         self.scale = spec.head_dim**-0.5
         self.pad_rows = self.embed.device.type == "cpu"  # cuBLAS has no per-shape build cost
 
@@ -114,6 +117,13 @@ class LlamaModel:
             if nd
             else None
         )
+        prepared_extend = (
+            attention.prepare_extend(
+                meta.extend_page_table, meta.extend_prefix_lens, meta.extend_lens, kv_pool.page_size
+            )
+            if meta.extend_lens
+            else None
+        )
         for index, w in enumerate(self.layers):
             residual = h
             x = rms_norm(h, w["input_norm"], spec.rms_norm_eps)
@@ -131,7 +141,7 @@ class LlamaModel:
             elif nd == 0:
                 o = attention.extend_attention(
                     q, k_cache, v_cache, meta.extend_page_table,
-                    meta.extend_prefix_lens, meta.extend_lens, self.scale,
+                    meta.extend_prefix_lens, meta.extend_lens, self.scale, prepared_extend,
                 )
             else:
                 o = torch.cat(
@@ -142,7 +152,7 @@ class LlamaModel:
                         ),
                         attention.extend_attention(
                             q[nd:], k_cache, v_cache, meta.extend_page_table,
-                            meta.extend_prefix_lens, meta.extend_lens, self.scale,
+                            meta.extend_prefix_lens, meta.extend_lens, self.scale, prepared_extend,
                         ),
                     )
                 )
