@@ -1,12 +1,14 @@
-"""Extend attention for the torch backend: every extending sequence of a step in one call.
+"""Extend attention for the torch backend: the extending sequences of a step in a few
+padded calls instead of one call per sequence.
 
 The reference attends sequence by sequence, paying about a dozen small tensor ops (slot
 index, gathers, mask, SDPA, copy back) per sequence per layer; when a new conversation turn
 arrives for many conversations at once that loop, not the arithmetic, dominated the step
-on CPU. Here the new tokens are padded to the longest extend, each sequence's keys to the
-longest prompt, and one SDPA call with a causal-with-offset mask does the whole batch. The
-bookkeeping (slots, mask, padding indices) is worked out once per forward pass by
-`plan_extend` and shared by every layer.
+on CPU. Here sequences are sorted by how many new tokens they bring and cut into a few
+groups of similar length; within a group the new tokens are padded to the longest, the keys
+to the longest prompt, and one SDPA call with a causal-with-offset mask does the group.
+The bookkeeping (slots, masks, padding and reordering indices) is worked out once per
+forward pass by `plan_extend` and shared by every layer.
 
 Padding costs arithmetic, so the plan is only used while the padded work stays within a
 bound of the real work and memory; otherwise the reference runs (see `worth_batching`).
@@ -20,9 +22,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-# Padded query x key pairs may be at most this many times the real ones...
+# A group may pad its query x key pairs up to this factor before a new group (one more SDPA
+# call per layer) is cheaper...
+GROUP_SLACK = 1.3
+MAX_GROUPS = 4
+# ...and the whole batch may pad up to this factor before the per-sequence loop is used.
 MAX_PADDING_FACTOR = 2.0
-# ...and the mask at most this many elements (it is materialised, unlike SDPA's scores).
+# A group's mask is materialised (SDPA's scores are not): at most this many elements.
 MAX_MASK_ELEMENTS = 32 * 2**20
 
 
@@ -32,8 +38,42 @@ def slot_index(pages: torch.Tensor, page_size: int) -> torch.Tensor:
     return (pages.to(torch.int64).unsqueeze(-1) * page_size + offsets).flatten(-2)
 
 
+def _work(seqs: list[int], prefix_lens: list[int], extend_lens: list[int]) -> tuple[int, int]:
+    """(real, padded) query x key pairs of one group."""
+    totals = [prefix_lens[i] + extend_lens[i] for i in seqs]
+    real = sum(extend_lens[i] * t for i, t in zip(seqs, totals))
+    return real, len(seqs) * max(extend_lens[i] for i in seqs) * max(totals)
+
+
+def group_by_length(prefix_lens: list[int], extend_lens: list[int]) -> list[list[int]]:
+    """Pure: sequence indices cut into at most MAX_GROUPS groups of similar extend length."""
+    order = sorted(range(len(extend_lens)), key=lambda i: (extend_lens[i], prefix_lens[i]))
+    groups = [[order[0]]]
+    for i in order[1:]:
+        grown = groups[-1] + [i]
+        real, padded = _work(grown, prefix_lens, extend_lens)
+        if padded <= GROUP_SLACK * real or len(groups) == MAX_GROUPS:
+            groups[-1] = grown
+        else:
+            groups.append([i])
+    return groups
+
+
+def worth_batching(prefix_lens: list[int], extend_lens: list[int]) -> bool:
+    """Pure: whether the grouped, padded batch beats the per-sequence loop."""
+    if len(extend_lens) < 2:
+        return False  # nothing to batch; the reference needs no mask at all
+    real = padded = 0
+    for group in group_by_length(prefix_lens, extend_lens):
+        r, p = _work(group, prefix_lens, extend_lens)
+        if p > MAX_MASK_ELEMENTS:
+            return False
+        real, padded = real + r, padded + p
+    return padded <= MAX_PADDING_FACTOR * real
+
+
 @dataclass
-class ExtendPlan:
+class ExtendGroup:
     """S sequences' new tokens padded to E rows each, attending to their first L keys."""
 
     num_seqs: int  # S
@@ -41,42 +81,72 @@ class ExtendPlan:
     keys: int  # L
     slots: torch.Tensor  # int64 [S * L]: each sequence's key slots, padded
     mask: torch.Tensor  # bool [S, 1, E, L]: True where a query sees a key
-    pad_index: torch.Tensor  # int64 [S * E]: flat row feeding each padded row (0 for padding)
-    unpad_index: torch.Tensor  # int64 [T]: padded row holding each flat row
+    pad_index: torch.Tensor  # int64 [S * E]: flat row of q feeding each padded row (0 for padding)
+    unpad_index: torch.Tensor  # int64 [T_group]: padded row holding each of the group's rows
 
 
-def worth_batching(prefix_lens: list[int], extend_lens: list[int]) -> bool:
-    """Pure: whether padding the batch wastes little enough to beat the per-sequence loop."""
-    if len(extend_lens) < 2:
-        return False  # nothing to batch; the reference needs no mask at all
-    totals = [p + e for p, e in zip(prefix_lens, extend_lens)]
-    real = sum(e * t for e, t in zip(extend_lens, totals))
-    padded = len(extend_lens) * max(extend_lens) * max(totals)
-    return padded <= MAX_PADDING_FACTOR * real and padded <= MAX_MASK_ELEMENTS
+@dataclass
+class ExtendPlan:
+    groups: list[ExtendGroup]
+    order: torch.Tensor | None  # int64 [T]: row of the groups' concatenated output holding each flat row
 
 
-def plan_extend(page_table: torch.Tensor, prefix_lens: list[int], extend_lens: list[int], page_size: int) -> ExtendPlan:
+def _plan_group(
+    page_table: torch.Tensor, seqs: list[int], starts: list[int], prefix_lens: list[int],
+    extend_lens: list[int], page_size: int,
+) -> ExtendGroup:
     dev = page_table.device
-    s = len(extend_lens)
-    totals = [p + e for p, e in zip(prefix_lens, extend_lens)]
-    keys, rows = max(totals), max(extend_lens)
-    pages = -(-keys // page_size)
-    slots = slot_index(page_table[:, :pages], page_size)[:, :keys]
+    prefixes = [prefix_lens[i] for i in seqs]
+    extends = [extend_lens[i] for i in seqs]
+    keys = max(p + e for p, e in zip(prefixes, extends))
+    rows = max(extends)
+    table = page_table[torch.tensor(seqs, device=dev), : -(-keys // page_size)]
+    slots = slot_index(table, page_size)[:, :keys]
     t = torch.arange(rows, device=dev)
-    # Query t of sequence i sits at position prefix_i + t and sees keys 0..prefix_i + t.
-    query_pos = torch.tensor(prefix_lens, device=dev).unsqueeze(1) + t
+    # Query t of a sequence sits at position prefix + t and sees keys 0..prefix + t.
+    query_pos = torch.tensor(prefixes, device=dev).unsqueeze(1) + t
     mask = torch.arange(keys, device=dev)[None, None, :] <= query_pos[:, :, None]
-    starts = torch.tensor([0] + extend_lens[:-1], device=dev).cumsum(0)
-    real = t[None, :] < torch.tensor(extend_lens, device=dev)[:, None]  # [S, E]
-    return ExtendPlan(
-        num_seqs=s,
+    real = t[None, :] < torch.tensor(extends, device=dev)[:, None]  # [S, E]
+    first_row = torch.tensor([starts[i] for i in seqs], device=dev)
+    return ExtendGroup(
+        num_seqs=len(seqs),
         rows=rows,
         keys=keys,
         slots=slots.reshape(-1),
         mask=mask.unsqueeze(1),
-        pad_index=torch.where(real, starts[:, None] + t[None, :], 0).reshape(-1),
-        unpad_index=(torch.arange(s, device=dev)[:, None] * rows + t[None, :])[real],
+        pad_index=torch.where(real, first_row[:, None] + t[None, :], 0).reshape(-1),
+        unpad_index=(torch.arange(len(seqs), device=dev)[:, None] * rows + t[None, :])[real],
     )
+
+
+def plan_extend(page_table: torch.Tensor, prefix_lens: list[int], extend_lens: list[int], page_size: int) -> ExtendPlan:
+    starts = [0]
+    for e in extend_lens[:-1]:
+        starts.append(starts[-1] + e)
+    groups = group_by_length(prefix_lens, extend_lens)
+    plans = [_plan_group(page_table, g, starts, prefix_lens, extend_lens, page_size) for g in groups]
+    # Flat rows in the order the groups emit them; `order` inverts that.
+    emitted = [r for g in groups for i in g for r in range(starts[i], starts[i] + extend_lens[i])]
+    if emitted == list(range(len(emitted))):
+        return ExtendPlan(plans, None)
+    order = torch.empty(len(emitted), dtype=torch.int64)
+    order[torch.tensor(emitted)] = torch.arange(len(emitted))
+    return ExtendPlan(plans, order.to(page_table.device))
+
+
+def _attend_group(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, g: ExtendGroup, scale: float
+) -> torch.Tensor:
+    num_heads, hd = q.shape[1:]
+    kvh = k_cache.shape[2]
+    s, rows, keys = g.num_seqs, g.rows, g.keys
+    queries = q.index_select(0, g.pad_index).view(s, rows, num_heads, hd).transpose(1, 2)
+    k = k_cache.view(-1, kvh, hd).index_select(0, g.slots).view(s, keys, kvh, hd).to(q.dtype).transpose(1, 2)
+    v = v_cache.view(-1, kvh, hd).index_select(0, g.slots).view(s, keys, kvh, hd).to(q.dtype).transpose(1, 2)
+    out = F.scaled_dot_product_attention(
+        queries, k, v, attn_mask=g.mask, scale=scale, enable_gqa=num_heads != kvh
+    )  # [S, H, E, hd]
+    return out.transpose(1, 2).reshape(s * rows, num_heads, hd).index_select(0, g.unpad_index)
 
 
 def extend_attention(
@@ -84,13 +154,6 @@ def extend_attention(
 ) -> torch.Tensor:
     """New tokens of several sequences back to back: q [T, H, hd] -> [T, H, hd]; their own
     K/V are already in the pool."""
-    num_heads, hd = q.shape[1:]
-    kvh = k_cache.shape[2]
-    s, rows, keys = plan.num_seqs, plan.rows, plan.keys
-    queries = q.index_select(0, plan.pad_index).view(s, rows, num_heads, hd).transpose(1, 2)
-    k = k_cache.view(-1, kvh, hd).index_select(0, plan.slots).view(s, keys, kvh, hd).to(q.dtype).transpose(1, 2)
-    v = v_cache.view(-1, kvh, hd).index_select(0, plan.slots).view(s, keys, kvh, hd).to(q.dtype).transpose(1, 2)
-    out = F.scaled_dot_product_attention(
-        queries, k, v, attn_mask=plan.mask, scale=scale, enable_gqa=num_heads != kvh
-    )  # [S, H, E, hd]
-    return out.transpose(1, 2).reshape(s * rows, num_heads, hd).index_select(0, plan.unpad_index)
+    outs = [_attend_group(q, k_cache, v_cache, g, scale) for g in plan.groups]
+    out = outs[0] if len(outs) == 1 else torch.cat(outs)
+    return out if plan.order is None else out.index_select(0, plan.order)

@@ -70,7 +70,7 @@ def test_new_turns_of_many_conversations_are_batched():
     "prefixes, extends, why",
     [
         ([0], [300], "a single sequence has nothing to batch"),
-        ([0, 4000], [500, 1], "one long prompt beside a short one: padding would multiply the work"),
+        ([0] * 7, [1, 3, 9, 27, 81, 243, 729], "lengths too spread for MAX_GROUPS groups: padding would multiply the work"),
         ([0] * 8, [4000] * 8, "the mask alone would take too much memory"),
     ],
 )
@@ -80,12 +80,32 @@ def test_falls_back_to_the_reference_when_padding_does_not_pay(prefixes, extends
     assert attention.prepare_extend(table, prefixes, extends, PAGE_SIZE) is None
 
 
-def test_padding_rows_never_reach_the_output():
-    k_cache, v_cache, table, gen = pool_and_table([9, 3, 14], 2, 8, seed=7)
-    prefixes, extends = [5, 0, 2], [4, 3, 12]
+def test_sequences_of_similar_length_share_a_group():
+    # Two clusters of extend lengths: padding the short ones to the long ones would do
+    # ~4x the work, so they become two groups (two SDPA calls), each padded only a little.
+    prefixes = [300] * 6
+    extends = [10, 60, 11, 12, 58, 61]
+    groups = batched_extend.group_by_length(prefixes, extends)
+    assert sorted(map(sorted, groups)) == [[0, 2, 3], [1, 4, 5]]
+    for group in groups:
+        real, padded = batched_extend._work(group, prefixes, extends)
+        assert padded <= batched_extend.GROUP_SLACK * real
+
+
+def test_never_more_than_max_groups():
+    extends = [2**i for i in range(10)]
+    groups = batched_extend.group_by_length([0] * 10, extends)
+    assert len(groups) == batched_extend.MAX_GROUPS
+    assert sorted(i for g in groups for i in g) == list(range(10))
+
+
+def test_rows_come_back_in_their_original_order_without_padding():
+    k_cache, v_cache, table, gen = pool_and_table([9, 3, 14, 40], 2, 8, seed=7)
+    prefixes, extends = [5, 0, 2, 0], [4, 3, 12, 40]
     q = torch.randn(sum(extends), 4, 8, generator=gen)
     plan = batched_extend.plan_extend(table, prefixes, extends, PAGE_SIZE)
-    assert plan.rows == 12 and plan.keys == 14
-    assert plan.unpad_index.tolist() == [0, 1, 2, 3] + [12, 13, 14] + list(range(24, 36))
+    assert len(plan.groups) > 1 and plan.order is not None  # the lengths differ too much for one group
+    assert sum(g.unpad_index.numel() for g in plan.groups) == sum(extends)
     out = batched_extend.extend_attention(q, k_cache, v_cache, plan, 0.35)
-    assert out.shape == q.shape and torch.isfinite(out).all()
+    want = reference.extend_attention(q, k_cache, v_cache, table, prefixes, extends, 0.35)
+    torch.testing.assert_close(out, want)
