@@ -96,7 +96,8 @@ async def local_cluster(root: Path, resync_seconds: float = 2.0) -> AsyncIterato
         url = str(server.url).rstrip("/")
         kubeconfig = write_kubeconfig(root, url)
         base_env = {k: os.environ[k] for k in _IMAGE_ENV if k in os.environ}
-        async with LocalProvisioner(url, NAMESPACE, root), \
+        # The operator puts the weight cache on the snapshot claim (render.weight_cache_dir).
+        async with LocalProvisioner(url, NAMESPACE, root, {"weights": node_cache_dir() / "weights"}), \
                 LocalKubelet(url, NAMESPACE, root, commands=COMMANDS, base_env=base_env,
                              node_dirs={"cache": node_cache_dir()}, max_grace_s=30) as kubelet, \
                 OperatorProcess(kubeconfig, NAMESPACE, root, resync_seconds) as operator:

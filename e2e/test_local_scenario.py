@@ -31,6 +31,8 @@ async def test_inference_service_end_to_end_on_one_machine(tmp_path):
             for rt in runtimes:
                 env = rt.plan.env
                 assert env["PREHEAT_SNAPSHOT_DIR"] == str(shared)
+                # Converted weights live on the claim as well, shared by every pod.
+                assert env["PREHEAT_WEIGHT_CACHE_DIR"] == str(shared / "weights")
                 templates = rt.plan.mounts["/etc/preheat/warmup-templates"]
                 assert env["PREHEAT_WARMUP_TEMPLATES"] == str(templates)
                 assert (templates / "e2e-support.yaml").read_text() == WARMUP_TEMPLATE
@@ -56,6 +58,8 @@ async def test_inference_service_end_to_end_on_one_machine(tmp_path):
             # The engines persisted their hot prefixes into the one shared snapshot volume
             # (DESIGN.md: snapshot on SIGTERM), where the next pod to start finds them.
             assert list(shared.glob("*/manifest.json")), sorted(shared.iterdir())
+            # Every pod loaded the converted weights from the claim (one conversion at most).
+            assert list((shared / "weights").glob("*/DONE")), sorted(shared.iterdir())
         except BaseException:
             print(cluster.diagnostics())
             raise

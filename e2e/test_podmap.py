@@ -38,11 +38,13 @@ def test_mounted_paths_in_env_become_local_directories():
     # The snapshot claim is one directory per claim, shared by every pod that mounts it.
     assert plan.env["PREHEAT_SNAPSHOT_DIR"] == str(ROOT / "claims" / "default" / "chat-snapshots")
     assert plan.env["HOME"] == str(pod_dir / "tmp")
-    assert plan.env["PREHEAT_WEIGHT_CACHE_DIR"] == str(pod_dir / "cache" / "weights")
+    # The weight cache sits on the snapshot claim too, so pods share converted weights.
+    assert plan.env["PREHEAT_WEIGHT_CACHE_DIR"] == str(ROOT / "claims" / "default" / "chat-snapshots" / "weights")
 
 
 def test_a_node_dir_replaces_a_pods_own_empty_dir():
-    plan = podmap.plan(operator_pod(), commands=COMMANDS, host_port=41000, root=ROOT,
+    pod = operator_pod(snapshot={"enabled": False})  # weight cache on the pod's `cache` emptyDir
+    plan = podmap.plan(pod, commands=COMMANDS, host_port=41000, root=ROOT,
                        node_dirs={"cache": Path("/shared/preheat")})
     assert plan.env["PREHEAT_WEIGHT_CACHE_DIR"] == "/shared/preheat/weights"
 

@@ -50,6 +50,15 @@ def snapshot_claim_name(name: str) -> str:
     return f"{name}-snapshots"
 
 
+def weight_cache_dir(spec: ServiceSpec) -> str:
+    """Where the engine keeps GGUF weights converted for loading. On the shared snapshot
+    volume, the first pod's conversion (~15 s for the default model, minutes for a large one)
+    serves every later pod and restart; on the pod's emptyDir each new pod converts again."""
+    if spec.snapshot.enabled and spec.snapshot.cache_weights:
+        return f"{SNAPSHOT_DIR}/weights"
+    return f"{CACHE_DIR}/weights"
+
+
 def _engine_env(name: str, spec: ServiceSpec) -> list[dict[str, Any]]:
     model = spec.model
     if model.pvc:
@@ -63,7 +72,7 @@ def _engine_env(name: str, spec: ServiceSpec) -> list[dict[str, Any]]:
         "PREHEAT_PORT": str(ENGINE_PORT),
         # In-flight requests get the grace period less what the snapshot flush needs.
         "PREHEAT_SHUTDOWN_TIMEOUT": str(max(1, grace - SNAPSHOT_FLUSH_RESERVE_S)),
-        "PREHEAT_WEIGHT_CACHE_DIR": f"{CACHE_DIR}/weights",
+        "PREHEAT_WEIGHT_CACHE_DIR": weight_cache_dir(spec),
         # The root filesystem is read-only: everything that writes goes to mounted dirs.
         "HOME": "/tmp",
         "XDG_CACHE_HOME": CACHE_DIR,

@@ -45,6 +45,7 @@ class SnapshotSpec:
     size: str = "10Gi"
     access_mode: str = "ReadWriteMany"
     interval_seconds: int = 300
+    cache_weights: bool = True  # keep converted GGUF weights on this volume too
 
 
 @dataclass(frozen=True)
@@ -153,6 +154,7 @@ def parse_spec(spec: Mapping[str, Any]) -> ServiceSpec:
             size=str(snap.get("size", "10Gi")),
             access_mode=snap.get("accessMode", "ReadWriteMany"),
             interval_seconds=_nonneg(snap.get("intervalSeconds", 300), "snapshot.intervalSeconds"),
+            cache_weights=bool(snap.get("cacheWeights", True)),
         ),
         autoscaling=autoscaling,
         readiness=ReadinessSpec(

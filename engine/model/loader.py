@@ -101,6 +101,7 @@ def load_model(model: str | None, dtype: torch.dtype, weight_cache_dir: str | No
     digest = file_digest(path)
     key = f"{digest[:32]}-{str(dtype).removeprefix('torch.')}-v{CACHE_FORMAT}"
     cached = cache_root / key
+    damaged = False
     if (cached / "DONE").is_file():
         try:
             loaded = _load_hf_dir(cached, dtype, served, source)
@@ -111,10 +112,11 @@ def load_model(model: str | None, dtype: torch.dtype, weight_cache_dir: str | No
             return loaded
         except Exception as exc:  # a damaged cache entry is rebuilt, never fatal
             log.warning("weights: cache entry %s unusable (%s); converting again", cached, exc)
+            damaged = True
     loaded = _load_gguf(path, dtype, served)
     loaded.weights_id = "sha256:" + digest
     try:
-        _write_cache_entry(cached, loaded)
+        _write_cache_entry(cached, loaded, replace_damaged=damaged)
         loaded.hf_dir = str(cached)
         log.info("weights: wrote converted weights to cache %s", cached)
     except OSError as exc:
@@ -164,9 +166,13 @@ def _dir_digest(files: list[Path]) -> str:
     return "sha256:" + h.hexdigest()
 
 
-def _write_cache_entry(target: Path, loaded: LoadedModel) -> None:
+def _write_cache_entry(target: Path, loaded: LoadedModel, replace_damaged: bool = False) -> None:
     """Writes an HF directory next to the target and renames it into place, so a crash or a
-    concurrent writer never leaves a half-written entry that looks complete."""
+    concurrent writer never leaves a half-written entry that looks complete.
+
+    The cache may sit on a volume shared by many pods that start together. A complete entry
+    that appeared while this one was converting is kept (another pod may be reading it);
+    an incomplete one, or one this process found unusable (`replace_damaged`), is replaced."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
     try:
@@ -177,9 +183,17 @@ def _write_cache_entry(target: Path, loaded: LoadedModel) -> None:
         loaded.hf_config.save_pretrained(tmp)
         loaded.tokenizer.save_pretrained(tmp)
         (tmp / "DONE").write_text(json.dumps({"source": loaded.source, "created": time.time()}))
+        if (target / "DONE").is_file() and not replace_damaged:
+            shutil.rmtree(tmp, ignore_errors=True)  # another writer finished first
+            return
         if target.exists():
             shutil.rmtree(target, ignore_errors=True)
-        os.replace(tmp, target)
+        try:
+            os.replace(tmp, target)
+        except OSError:
+            if not (target / "DONE").is_file():
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)  # lost the rename race to a complete entry
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
