@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
@@ -45,6 +47,14 @@ def from_validation_error(err: ValidationError) -> APIError:
     loc = [str(p) for p in first.get("loc", ()) if not str(p).startswith(("function-after", "str", "list["))]
     param = ".".join(loc) or None
     msg = first.get("msg", "invalid value")
+    if first.get("type") == "value_error":
+        # Our own validators' messages, minus pydantic's prefix; a whole-request check that
+        # names its parameter ("tools: ...") reports it as the param.
+        msg = msg.removeprefix("Value error, ")
+        named = re.match(r"([a-z_]+(\.[a-z_]+)*): ", msg)
+        if param is None and named:
+            param = named.group(1)
+            return APIError(400, msg, param=param, code="invalid_value")
     if param:
         msg = f"{param}: {msg}"
     return APIError(400, msg, param=param, code="invalid_value" if param else None)

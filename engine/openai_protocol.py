@@ -89,6 +89,8 @@ class SamplingFields(_Request):
     stream_options: StreamOptions | None = None
     regex: str | None = None  # SGLang's extra body field
     user: str | None = None
+    # OpenAI sends token ids as JSON object keys, i.e. strings.
+    logit_bias: dict[str, float] | None = None
 
     @model_validator(mode="after")
     def _bounded_stop(self) -> "SamplingFields":
@@ -97,6 +99,18 @@ class SamplingFields(_Request):
             raise ValueError("stop: at most 16 sequences")
         return self
 
+    @model_validator(mode="after")
+    def _logit_bias_keys_are_token_ids(self) -> "SamplingFields":
+        for key, bias in (self.logit_bias or {}).items():
+            if not key.strip().isdigit():
+                raise ValueError(f"logit_bias: {key!r} is not a token id")
+            if not -100 <= bias <= 100:
+                raise ValueError(f"logit_bias: the bias for token {key} must be in [-100, 100]")
+        return self
+
+    def token_logit_bias(self) -> dict[int, float] | None:
+        return {int(k): v for k, v in self.logit_bias.items()} if self.logit_bias else None
+
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
@@ -104,6 +118,18 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     response_format: ResponseFormat | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    functions: list[dict[str, Any]] | None = None  # the deprecated form of tools
+
+    @model_validator(mode="after")
+    def _no_tool_calls(self) -> "ChatCompletionRequest":
+        # Answering as if no tools were offered would look like a model that chose not to
+        # call one; say plainly instead that this server does not do tool calling.
+        if (self.tools and self.tool_choice != "none") or self.functions:
+            raise ValueError("tools: tool/function calling is not supported by this server; "
+                             "omit tools (or set tool_choice to \"none\")")
+        return self
 
     @property
     def requested_max_tokens(self) -> int | None:
@@ -116,6 +142,17 @@ class CompletionRequest(SamplingFields):
     logprobs: int | None = Field(default=None, ge=0, le=20)
     echo: bool = False
     response_format: ResponseFormat | None = None
+    best_of: int | None = Field(default=None, ge=1)
+    suffix: str | None = None
+
+    @model_validator(mode="after")
+    def _no_best_of_or_suffix(self) -> "CompletionRequest":
+        if self.best_of is not None and self.best_of != self.n:
+            raise ValueError("best_of: generating best_of candidates and returning the n best is "
+                             "not supported; omit best_of or set it equal to n")
+        if self.suffix:
+            raise ValueError("suffix: insertion (suffix) is not supported by this server")
+        return self
 
     @property
     def requested_max_tokens(self) -> int | None:

@@ -139,6 +139,7 @@ class OpenAIServing:
                 ignore_eos=req.ignore_eos,
                 logprobs=logprobs,
                 structured=structured,
+                logit_bias=req.token_logit_bias(),
             )
         except ValueError as e:
             raise APIError(400, str(e)) from None

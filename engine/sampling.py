@@ -1,4 +1,5 @@
-"""Batched sampling: penalties, grammar masks, temperature, top-k/top-p/min-p, seeds.
+"""Batched sampling: penalties, logit bias, grammar masks, temperature, top-k/top-p/min-p,
+seeds.
 
 All rows are processed together as tensors; the only per-row work is drawing each row's
 noise from its own generator, which is what makes a seeded request reproducible whatever
@@ -61,6 +62,24 @@ def apply_penalties(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> None:
     logits -= freq[:, None] * counts + pres[:, None] * (counts > 0).to(logits.dtype)
 
 
+def apply_logit_bias(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> None:
+    """In place: each row's bias added to its tokens' logits (OpenAI `logit_bias`)."""
+    row_idx: list[int] = []
+    token_idx: list[int] = []
+    values: list[float] = []
+    for i, r in enumerate(rows):
+        for token, bias in (r.params.logit_bias or {}).items():
+            row_idx.append(i)
+            token_idx.append(token)
+            values.append(bias)
+    device = logits.device
+    logits.index_put_(
+        (torch.tensor(row_idx, device=device), torch.tensor(token_idx, device=device)),
+        torch.tensor(values, device=device, dtype=logits.dtype),
+        accumulate=True,
+    )
+
+
 def apply_top_k_top_p_min_p(
     logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor
 ) -> torch.Tensor:
@@ -91,6 +110,8 @@ def sample(logits: torch.Tensor, rows: Sequence[SamplingRow], grammar_masks=None
     params = [r.params for r in rows]
     if any(p.needs_penalties for p in params):
         apply_penalties(logits, rows)
+    if any(p.logit_bias for p in params):
+        apply_logit_bias(logits, rows)  # before the grammar mask, which has the last word
     if grammar_masks is not None and any(r.matcher is not None for r in rows):
         grammar_masks(logits, [r.matcher for r in rows])
 

@@ -38,6 +38,7 @@ class SamplingParams:
     logprobs: int | None = None  # None: none; 0: the chosen token's; k: plus the top k
     structured: StructuredOutput | None = None
     include_stop_str_in_output: bool = False
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit, in [-100, 100]
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -45,6 +46,13 @@ class SamplingParams:
             self.stop = [self.stop]
         self.stop = [s for s in (self.stop or []) if s]
         self.stop_token_ids = list(self.stop_token_ids or [])
+        if self.logit_bias:
+            try:
+                self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
+            except (TypeError, ValueError):
+                raise ValueError("logit_bias must map token ids to numbers") from None
+        else:
+            self.logit_bias = None
         self.validate()
 
     def validate(self) -> None:
@@ -66,6 +74,11 @@ class SamplingParams:
             raise ValueError("presence_penalty must be in [-2, 2]")
         if self.logprobs is not None and not 0 <= self.logprobs <= 20:
             raise ValueError("logprobs must be in [0, 20]")
+        for token, bias in (self.logit_bias or {}).items():
+            if token < 0:
+                raise ValueError(f"logit_bias: token id {token} is negative")
+            if not -100 <= bias <= 100:
+                raise ValueError(f"logit_bias: the bias for token {token} must be in [-100, 100]")
 
     @property
     def greedy(self) -> bool:

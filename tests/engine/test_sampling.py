@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,7 +15,7 @@ import pytest
 import torch
 
 from preheat.engine import LLM, SamplingParams
-from preheat.engine.sampling import apply_penalties, apply_top_k_top_p_min_p, sample
+from preheat.engine.sampling import apply_logit_bias, apply_penalties, apply_top_k_top_p_min_p, sample
 
 
 
@@ -171,6 +172,37 @@ def test_logprobs_of_the_chosen_token_and_the_top_k_match_log_softmax() -> None:
     assert result.top_logprobs[1] == [] and result.top_logprobs[2] == []
 
 
+def test_logit_bias_adds_to_its_own_rows_tokens_only() -> None:
+    logits = random_logits(3)
+    rows = [Row(SamplingParams(logit_bias={7: 2.5, 9: -1.0})), Row(SamplingParams()), Row(SamplingParams(logit_bias={7: -4}))]
+    biased = logits.clone()
+    apply_logit_bias(biased, rows)
+    expected = logits.clone()
+    expected[0, 7] += 2.5
+    expected[0, 9] -= 1.0
+    expected[2, 7] -= 4
+    assert torch.equal(biased, expected)
+
+
+def test_a_bias_of_100_forces_a_token_and_minus_100_bans_one() -> None:
+    logits = random_logits(2)
+    top = logits.argmax(-1).tolist()
+    rows = [Row(SamplingParams(temperature=0, logit_bias={3: 100})),
+            Row(SamplingParams(temperature=1.0, logit_bias={top[1]: -100}), seed=5)]
+    for _ in range(20):
+        chosen = sample(logits.clone(), rows).token_ids
+        assert chosen[0] == 3 and chosen[1] != top[1]
+
+
+@pytest.mark.parametrize(
+    "bias, message",
+    [({5: 101}, "in [-100, 100]"), ({-1: 1}, "negative"), ({"x": 1}, "token ids to numbers")],
+)
+def test_bad_logit_bias_is_refused(bias, message) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        SamplingParams(logit_bias=bias)
+
+
 # --- through the engine ---------------------------------------------------------------------------------
 
 
@@ -196,6 +228,13 @@ def test_a_seeded_request_gives_the_same_tokens_alone_and_in_any_batch(llm: LLM)
     assert alone == again == mixed
     other_seed = llm.generate(PROMPTS[0], SamplingParams(temperature=0.8, seed=4321, max_tokens=12, ignore_eos=True))
     assert other_seed[0].token_ids != alone  # the seed matters (else the test proves nothing)
+
+
+def test_logit_bias_steers_generation_and_out_of_vocabulary_ids_are_refused(llm: LLM) -> None:
+    forced = llm.generate(PROMPTS[0], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logit_bias={11: 100}))
+    assert forced[0].token_ids == [11] * 6
+    with pytest.raises(ValueError, match="not in the vocabulary"):
+        llm.generate(PROMPTS[0], SamplingParams(max_tokens=2, logit_bias={10**7: 1}))
 
 
 def test_max_tokens_ends_with_length(llm: LLM) -> None:

@@ -142,6 +142,30 @@ def test_oversized_chunked_body_without_length(http):
     assert_error(r, 413, code="body_too_large")
 
 
+@pytest.mark.parametrize(
+    "bias, fragment",
+    [({"not-a-token": 5}, "not a token id"), ({"17": 250}, "[-100, 100]"), ({"99999999": 1}, "vocabulary")],
+)
+def test_bad_logit_bias(http, bias, fragment):
+    err = assert_error(http.post(CHAT, json={**GOOD_CHAT, "logit_bias": bias}), 400)
+    assert fragment in err["message"]
+
+
+def test_tool_calling_is_refused_rather_than_silently_ignored(http):
+    tool = {"type": "function", "function": {"name": "lookup_order", "parameters": {"type": "object"}}}
+    err = assert_error(http.post(CHAT, json={**GOOD_CHAT, "tools": [tool]}), 400, param="tools")
+    assert "not supported" in err["message"]
+    # Offering tools while forbidding their use is just a chat request.
+    r = http.post(CHAT, json={**GOOD_CHAT, "tools": [tool], "tool_choice": "none"})
+    assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize("extra, param", [({"best_of": 3}, "best_of"), ({"suffix": " end."}, "suffix")])
+def test_completion_options_we_do_not_implement_are_refused(http, extra, param):
+    r = http.post(COMPLETIONS, json={"model": MODEL, "prompt": "a", "max_tokens": 1, **extra})
+    assert param in assert_error(r, 400)["message"]
+
+
 def test_out_of_vocabulary_token_ids(http):
     r = http.post(COMPLETIONS, json={"model": MODEL, "prompt": [1, 10**9], "max_tokens": 1})
     assert_error(r, 400, param="prompt")

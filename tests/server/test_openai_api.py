@@ -206,3 +206,17 @@ def test_stop_sequence_is_honoured(client):
     r = client.completions.create(model=MODEL, prompt="1, 2, 3, 4,", max_tokens=12,
                                   temperature=0, stop=[","])
     assert "," not in r.choices[0].text and r.choices[0].finish_reason == "stop"
+
+
+def test_logit_bias_through_the_sdk(client, tokenizer):
+    prompt = "The capital of France is"
+    greedy = client.completions.create(model=MODEL, prompt=prompt, max_tokens=1, temperature=0)
+    (top_id,) = tokenizer.encode(greedy.choices[0].text, add_special_tokens=False)
+    # The SDK sends token ids as string keys, as OpenAI's API defines them.
+    banned = client.completions.create(model=MODEL, prompt=prompt, max_tokens=1, temperature=0,
+                                       logit_bias={str(top_id): -100})
+    assert banned.choices[0].text != greedy.choices[0].text
+    forced_id = tokenizer.encode(" banana", add_special_tokens=False)[0]
+    forced = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=3, temperature=0,
+                                            logit_bias={str(forced_id): 100})
+    assert forced.choices[0].message.content == tokenizer.decode([forced_id] * 3)
