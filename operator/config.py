@@ -17,6 +17,10 @@ class OperatorConfig:
     # kopf peering: the live operator with the highest priority acts, the others pause; equal
     # priorities pause *all* of them, so every replica needs its own (None: startup_priority()).
     priority: int | None = None
+    # How long a replica's peering record stays valid without renewal (kopf renews it 5-10 s
+    # before expiry). A replica that dies without saying goodbye blocks the standbys this
+    # long; kopf's own default is 60 s.
+    peering_lifetime: int = 20
     resync_seconds: float = 30.0  # level-triggered: every service is reconciled this often
     liveness: str | None = None  # e.g. http://0.0.0.0:8080/healthz
     log_level: str = "info"
@@ -59,6 +63,9 @@ def parse_args(argv: list[str]) -> OperatorConfig:
                    default=int(_env("PRIORITY")) if _env("PRIORITY") else None,
                    help="kopf peering priority (highest live one acts; default: earlier "
                         "start = higher). Replicas must not share one.")
+    p.add_argument("--peering-lifetime", type=int, default=int(_env("PEERING_LIFETIME", "20")),
+                   help="Seconds a replica's peering record lives without renewal: how long a "
+                        "crashed active replica blocks the standbys (at least 15).")
     p.add_argument("--resync-seconds", type=float, default=float(_env("RESYNC_SECONDS", "30")),
                    help="Re-reconcile every service at least this often.")
     p.add_argument("--liveness", default=_env("LIVENESS"),
@@ -76,8 +83,11 @@ def parse_args(argv: list[str]) -> OperatorConfig:
         namespaces = (own or "default",)
     if a.resync_seconds <= 0:
         p.error("--resync-seconds must be positive")
+    if a.peering_lifetime < 15:
+        # kopf renews 5-10 s before expiry: shorter leaves no margin for a slow API call.
+        p.error("--peering-lifetime must be at least 15 seconds")
     return OperatorConfig(namespaces=namespaces, all_namespaces=a.all_namespaces,
                           peering=a.peering, standalone=a.standalone or not a.peering,
-                          priority=a.priority,
+                          priority=a.priority, peering_lifetime=a.peering_lifetime,
                           resync_seconds=a.resync_seconds, liveness=a.liveness,
                           log_level=a.log_level)

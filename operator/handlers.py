@@ -51,7 +51,8 @@ class OperatorState:
 
 
 @kopf.on.startup()
-async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+async def configure(settings: kopf.OperatorSettings, memo: OperatorState, **_: Any) -> None:
+    settings.peering.lifetime = memo.config.peering_lifetime
     # Our own finalizer and annotation prefix instead of kopf's defaults.
     settings.persistence.finalizer = "preheat.dev/finalizer"
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="preheat.dev")

@@ -24,3 +24,16 @@ def test_an_earlier_start_means_a_higher_peering_priority():
     assert startup_priority(1_000_000_000) > startup_priority(1_000_001_000)
     assert parse_args(["--peering", "p"]).priority is None  # main picks startup_priority()
     assert parse_args(["--peering", "p", "--priority", "100"]).priority == 100
+
+
+def test_a_crashed_replica_blocks_the_others_for_the_peering_lifetime_20_s_by_default():
+    assert parse_args(["--peering", "p"]).peering_lifetime == 20
+    assert parse_args(["--peering", "p", "--peering-lifetime", "45"]).peering_lifetime == 45
+
+
+def test_a_peering_lifetime_too_short_to_renew_in_time_is_refused(capsys):
+    import pytest
+
+    with pytest.raises(SystemExit):
+        parse_args(["--peering", "p", "--peering-lifetime", "8"])
+    assert "at least 15 seconds" in capsys.readouterr().err

@@ -39,6 +39,7 @@ class Replica:
     """One `preheat operator --peering` process: the operator's loop in a thread."""
     identity: str
     priority: int
+    peering_lifetime: int = 20
     reconciles: list[str] = field(default_factory=list)  # "ns/name", one per reconcile pass
     stop: threading.Event = field(default_factory=threading.Event)
     thread: threading.Thread | None = None
@@ -56,7 +57,8 @@ class Replica:
                 return super().client()
 
         memo = CountingState(config=OperatorConfig(
-            namespaces=(NS,), peering=PEERING, priority=self.priority, resync_seconds=1.0))
+            namespaces=(NS,), peering=PEERING, priority=self.priority, resync_seconds=1.0,
+            peering_lifetime=self.peering_lifetime))
 
         def run() -> None:
             try:
@@ -187,3 +189,15 @@ async def test_a_replica_that_vanished_without_a_goodbye_blocks_until_its_record
         async def cleaned():
             return "crashed" not in await peers(kube)
         await eventually(cleaned)
+
+
+async def test_a_replica_announces_the_configured_lifetime_so_its_crash_blocks_only_that_long(cluster):
+    _, kube = cluster
+    replica = Replica("short-lived", 5, peering_lifetime=17)
+    async with stopped_at_exit(replica):
+        replica.start()
+        async def announced():
+            return "short-lived" in await peers(kube)
+        await eventually(announced)
+        assert (await peers(kube))["short-lived"]["lifetime"] == 17
+
