@@ -33,7 +33,7 @@ from preheat.engine.model.loader import fuse_weights, load_model
 from preheat.engine.model.spec import rope_inv_freq
 from preheat.engine.runner import BatchEntry, ModelRunner
 from preheat.engine.sampling_params import SamplingParams
-from preheat.engine.scheduler import SeqView, StepPlan, pages_for, plan_step
+from preheat.engine.scheduler import SeqView, StepPlan, next_tokens_key, pages_for, plan_step
 from preheat.engine.sequence import RequestOutput, Sequence, Status, TokenLogprob
 
 log = logging.getLogger(__name__)
@@ -374,18 +374,30 @@ class Engine:
         return self._output(seq)
 
     def _views(self) -> tuple[list[SeqView], list[SeqView]]:
+        sharing = self.radix is not None  # deferring to a sharer only pays with a prefix cache
         running = [
-            SeqView(s.request_id, s.num_tokens, s.num_computed, len(s.pages), len(s.pages) - s.num_shared)
+            SeqView(
+                s.request_id, s.num_tokens, s.num_computed, len(s.pages), len(s.pages) - s.num_shared,
+                next_tokens_key=(
+                    next_tokens_key(s.all_token_ids, s.num_computed, s.num_tokens - 1)
+                    if sharing and s.num_computed % self.pool.page_size == 0
+                    else None
+                ),
+            )
             for s in self.running
         ]
         waiting = []
         for s in self.waiting:
             cached = 0
+            key = None
             if self.radix is not None:
                 tokens = s.all_token_ids
                 match = self.radix.match_prefix(tokens[: len(tokens) - 1], touch=False)
                 cached = match.length
-            waiting.append(SeqView(s.request_id, s.num_tokens, 0, 0, 0, cached, self._evictable_on_path(s)))
+                key = next_tokens_key(tokens, cached, len(tokens) - 1)
+            waiting.append(
+                SeqView(s.request_id, s.num_tokens, 0, 0, 0, cached, self._evictable_on_path(s), key)
+            )
         return running, waiting
 
     def _evictable_on_path(self, seq: Sequence) -> int:

@@ -6,11 +6,22 @@ their prompt, then to waiting requests in arrival order. A long prompt is cut in
 so running decodes never wait for a whole prefill. When the pool cannot hold the decodes'
 next tokens, the most recently admitted sequences are preempted (their pages freed; they
 recompute later) rather than failing the step.
+
+Requests that arrive together often share a prefix nobody has computed yet (a burst of
+conversations on one system prompt, right after a start). Admitting them all in one step
+would compute that prefix once per request. A waiting request whose next uncached tokens
+another sequence is computing in this step waits one step instead, and then finds them in
+the prefix cache (SGLang does the same: "in-batch prefix caching").
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+# Two sequences whose next this-many uncached tokens are equal (at the same position) would
+# compute at least that much KV twice; below it, deferring costs more than it saves.
+SHARED_PREFIX_CHECK_TOKENS = 32
 
 
 @dataclass(frozen=True)
@@ -26,6 +37,9 @@ class SeqView:
     # waiting only: pages of that cached prefix now evictable (so counted in free_pages);
     # admitting locks them, so they stop being free.
     cached_evictable_pages: int = 0
+    # The prompt tokens this sequence computes next (see next_tokens_key); None when fewer
+    # than SHARED_PREFIX_CHECK_TOKENS prompt tokens are left to compute.
+    next_tokens_key: int | None = None
 
 
 @dataclass
@@ -35,6 +49,7 @@ class StepPlan:
     admit: list[str] = field(default_factory=list)  # the extend entries that start now
     preempt: list[str] = field(default_factory=list)
     pages: dict[str, int] = field(default_factory=dict)  # pages each scheduled seq must get
+    deferred: list[str] = field(default_factory=list)  # waiting: another computes their prefix
 
     @property
     def empty(self) -> bool:
@@ -43,6 +58,15 @@ class StepPlan:
 
 def pages_for(num_tokens: int, page_size: int) -> int:
     return -(-num_tokens // page_size)
+
+
+def next_tokens_key(token_ids: Sequence[int], start: int, prompt_len: int) -> int | None:
+    """Identifies the prompt tokens a sequence computes next from `start`: equal keys mean
+    equal tokens at equal positions, hence equal KV."""
+    end = start + SHARED_PREFIX_CHECK_TOKENS
+    if end > prompt_len:
+        return None
+    return hash((start, tuple(token_ids[start:end])))
 
 
 def plan_step(
@@ -83,6 +107,8 @@ def plan_step(
         return plan
 
     budget = chunk_budget
+    # Prompt tokens some sequence computes this step (or is part-way through computing).
+    claimed = {s.next_tokens_key for s in prefilling if s.next_tokens_key is not None}
     for s in prefilling:
         if budget <= 0:
             break
@@ -104,6 +130,9 @@ def plan_step(
     for s in waiting:
         if budget <= 0 or active >= max_num_seqs:
             break
+        if s.next_tokens_key is not None and s.next_tokens_key in claimed:
+            plan.deferred.append(s.seq_id)  # next step its prefix is cached
+            continue
         start = s.cached_len
         n = min(s.num_tokens - start, budget)
         pages = pages_for(start + n, page_size) - pages_for(start, page_size)
@@ -116,4 +145,6 @@ def plan_step(
         free_pages -= pages + s.cached_evictable_pages
         budget -= n
         active += 1
+        if s.next_tokens_key is not None:
+            claimed.add(s.next_tokens_key)
     return plan

@@ -8,7 +8,14 @@ import copy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from preheat.engine.scheduler import SeqView, StepPlan, pages_for, plan_step
+from preheat.engine.scheduler import (
+    SHARED_PREFIX_CHECK_TOKENS,
+    SeqView,
+    StepPlan,
+    next_tokens_key,
+    pages_for,
+    plan_step,
+)
 
 PS = 4
 
@@ -24,8 +31,8 @@ def prefilling(seq_id: str, num_tokens: int, num_computed: int) -> SeqView:
     return SeqView(seq_id, num_tokens, num_computed, pages, pages)
 
 
-def waiting(seq_id: str, num_tokens: int, cached_len: int = 0) -> SeqView:
-    return SeqView(seq_id, num_tokens, 0, 0, 0, cached_len)
+def waiting(seq_id: str, num_tokens: int, cached_len: int = 0, next_tokens: int | None = None) -> SeqView:
+    return SeqView(seq_id, num_tokens, 0, 0, 0, cached_len, next_tokens_key=next_tokens)
 
 
 def plan(
@@ -200,6 +207,34 @@ def test_a_lone_sequence_that_the_pool_cannot_grow_is_not_scheduled() -> None:
 
 
 # --- purity ---------------------------------------------------------------------------------------
+
+
+def test_a_request_whose_next_tokens_another_computes_this_step_waits_a_step() -> None:
+    # a and b start with the same uncached system prompt; c with another one.
+    p = plan(queue=[waiting("a", 100, next_tokens=1), waiting("b", 100, next_tokens=1),
+                    waiting("c", 100, next_tokens=2)])
+    assert p.admit == ["a", "c"] and p.deferred == ["b"]
+
+
+def test_a_request_waits_for_a_running_sequence_part_way_through_the_same_prefix() -> None:
+    running = [SeqView("r", 600, 512, pages_for(512, PS), pages_for(512, PS), next_tokens_key=7)]
+    p = plan(running, [waiting("w", 600, cached_len=512, next_tokens=7)])
+    assert p.extend == [("r", 88)] and p.deferred == ["w"] and not p.admit
+
+
+def test_requests_without_a_key_are_never_deferred() -> None:
+    p = plan(queue=[waiting("a", 100), waiting("b", 100)])
+    assert p.admit == ["a", "b"] and not p.deferred
+
+
+def test_the_key_names_tokens_and_their_position_and_needs_enough_of_them() -> None:
+    tokens = list(range(100))
+    n = SHARED_PREFIX_CHECK_TOKENS
+    assert next_tokens_key(tokens, 16, 100) == next_tokens_key(tokens[:16] + tokens[16:], 16, 100)
+    assert next_tokens_key(tokens, 16, 100) != next_tokens_key(tokens, 32, 100)
+    assert next_tokens_key(tokens, 16, 100) != next_tokens_key(tokens[:20] + [7] + tokens[21:], 16, 100)
+    assert next_tokens_key(tokens, 100 - n, 100) is not None
+    assert next_tokens_key(tokens, 100 - n + 1, 100) is None
 
 
 def test_the_planner_is_pure_same_inputs_same_plan_and_inputs_untouched() -> None:
