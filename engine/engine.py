@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from preheat.engine.config import ConfigError, EngineConfig
+from preheat.engine.config import ConfigError, EngineConfig, default_chunked_prefill_size
 from preheat.engine.detokenizer import IncrementalDetokenizer
 from preheat.engine.kernels import attention
 from preheat.engine.kv.pool import KVPool, available_memory_bytes, pool_pages
@@ -114,6 +114,10 @@ class Engine:
             self.kv_dtype = kv_storage_dtype(config.kv_cache_dtype, self.dtype, self.device)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
+        self.chunked_prefill_size = config.chunked_prefill_size or default_chunked_prefill_size(
+            self.device.type,
+            torch.cuda.get_device_properties(self.device).total_memory if self.device.type == "cuda" else 0,
+        )
         fraction = config.mem_fraction_static or (0.85 if self.device.type == "cuda" else 0.10)
         num_pages = pool_pages(
             spec.kv_bytes_per_token(self.kv_dtype),
@@ -126,9 +130,9 @@ class Engine:
             spec.num_layers, spec.num_kv_heads, spec.head_dim, num_pages, config.page_size, self.kv_dtype, self.device
         )
         log.info(
-            "kv pool: %d tokens in %d pages of %d, %.2f GiB",
+            "kv pool: %d tokens in %d pages of %d, %.2f GiB; up to %d prompt tokens per step",
             self.pool.capacity_pages * config.page_size, self.pool.capacity_pages, config.page_size,
-            self.pool.bytes / 2**30,
+            self.pool.bytes / 2**30, self.chunked_prefill_size,
         )
         self.radix = RadixCache(self.pool) if config.enable_prefix_caching else None
         self.fingerprint = self._fingerprint()
@@ -418,7 +422,7 @@ class Engine:
         running, waiting = self._views()
         free = self.pool.num_free_pages + (self.radix.evictable_pages if self.radix else 0)
         return plan_step(
-            running, waiting, free, self.pool.page_size, self.config.max_num_seqs, self.config.chunked_prefill_size
+            running, waiting, free, self.pool.page_size, self.config.max_num_seqs, self.chunked_prefill_size
         )
 
     def step(self) -> list[RequestOutput]:
