@@ -291,6 +291,7 @@ class AsyncEngine:
         used, cached = getattr(st, "kv_used_pages", None), getattr(st, "kv_cached_pages", None)
         if used is not None and cached is not None:
             m.kv_request_pages.set(max(0, used - cached))
+        m.record_scheduler(st)
         m.record_tiers(self.engine)  # on the step thread, which owns the engine's tier counters
 
 

@@ -52,6 +52,7 @@ class EngineStats:
     cached_tokens_total: int
     generation_tokens_total: int
     preemptions_total: int
+    deferred_total: int = 0  # admissions put off a step for a sharer computing their prefix
 
     @property
     def kv_usage(self) -> float:
@@ -180,6 +181,7 @@ class Engine:
         self._cached_tokens = 0
         self._generation_tokens = 0
         self._preemptions = 0
+        self._deferred = 0
         self._calls: list[tuple[Any, tuple, concurrent.futures.Future]] = []
 
     # --- requests ----------------------------------------------------------------------
@@ -284,6 +286,7 @@ class Engine:
             cached_tokens_total=self._cached_tokens,
             generation_tokens_total=self._generation_tokens,
             preemptions_total=self._preemptions,
+            deferred_total=self._deferred,
         )
 
     # --- KV bookkeeping ------------------------------------------------------------------
@@ -428,6 +431,7 @@ class Engine:
     def step(self) -> list[RequestOutput]:
         outputs = self._drain_inbox()
         plan = self.plan()
+        self._deferred += len(plan.deferred)
         by_id = {s.request_id: s for s in itertools.chain(self.running, self.waiting)}
         for rid in plan.preempt:
             self._preempt(by_id[rid])

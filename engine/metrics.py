@@ -78,6 +78,16 @@ class Metrics:
         self.num_running = Gauge(
             "preheat_num_requests_running", "Requests in the running batch.", registry=r
         )
+        self.preemptions = Counter(
+            "preheat_num_preemptions",
+            "Running requests preempted (pages freed, recomputed later) because the KV pool ran short.",
+            registry=r,
+        )
+        self.deferred = Counter(
+            "preheat_prefill_deferred",
+            "Admissions put off one step because another request was computing the same uncached prefix.",
+            registry=r,
+        )
         self.num_waiting = Gauge(
             "preheat_num_requests_waiting", "Requests queued for admission.", registry=r
         )
@@ -150,6 +160,7 @@ class Metrics:
         self._hit_total = 0
         self._tier_seen = {t: 0 for t in TIERS}
         self._disk_evictions_seen = 0
+        self._scheduler_seen = {"preemptions_total": 0, "deferred_total": 0}
         for t in TIERS:
             self.kv_tier_hit_tokens.labels(tier=t)  # exported as 0 before the first hit
         self.set_phase("loading")
@@ -179,6 +190,14 @@ class Metrics:
             if output_tokens > 1:
                 self.tpot.observe((e2e - ttft) / (output_tokens - 1))
         self.e2e.observe(e2e)
+
+    def record_scheduler(self, stats: object) -> None:
+        """Moves the engine's running totals into the counters (by their increase)."""
+        for attr, counter in (("preemptions_total", self.preemptions), ("deferred_total", self.deferred)):
+            now = getattr(stats, attr, None)
+            if isinstance(now, int) and now > self._scheduler_seen[attr]:
+                counter.inc(now - self._scheduler_seen[attr])
+                self._scheduler_seen[attr] = now
 
     def record_tiers(self, engine: object) -> None:
         """Moves the engine's tier counters into Prometheus. Call it on the step thread: it

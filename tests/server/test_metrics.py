@@ -15,6 +15,7 @@ REQUIRED = [
     "preheat_time_per_output_token_seconds", "preheat_e2e_request_latency_seconds",
     "preheat_num_requests_running", "preheat_num_requests_waiting",
     "preheat_kv_cache_usage_ratio", "preheat_ready",
+    "preheat_num_preemptions", "preheat_prefill_deferred",
     # registered for the warm-start code
     "preheat_cuda_graph_capture_seconds", "preheat_warmup_seconds", "preheat_warmup_requests",
     "preheat_snapshot_restored_tokens", "preheat_snapshot_restore_seconds",
@@ -75,3 +76,18 @@ def test_errors_are_counted(server, http):
     http.post("/v1/completions", json={"model": "nope", "prompt": "x"})
     after = scrape(server.url)["preheat_request_errors_total{status=404}"]
     assert after == before + 1
+
+
+def test_scheduler_totals_become_counters_that_only_count_increases():
+    from types import SimpleNamespace
+
+    from prometheus_client import CollectorRegistry
+
+    from preheat.engine.metrics import Metrics
+
+    registry = CollectorRegistry()
+    m = Metrics(registry)
+    for preempted, deferred in [(0, 0), (2, 3), (2, 3), (5, 4)]:
+        m.record_scheduler(SimpleNamespace(preemptions_total=preempted, deferred_total=deferred))
+    assert registry.get_sample_value("preheat_num_preemptions_total") == 5
+    assert registry.get_sample_value("preheat_prefill_deferred_total") == 4
