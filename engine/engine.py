@@ -443,7 +443,6 @@ class Engine:
 
         decode: list[BatchEntry] = []
         extend: list[BatchEntry] = []
-        ps = self.pool.page_size
         for rid in plan.decode:
             seq = by_id[rid]
             if not self._grow(seq, seq.num_computed + 1):

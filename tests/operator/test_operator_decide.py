@@ -60,7 +60,8 @@ def test_scale_down_demotes_into_the_pool_while_it_has_room():
 
 def test_scale_down_with_a_full_pool_deletes_the_newest_serving_pod():
     w = World()
-    old, new = w.add("serving", ready=True), w.add("serving", ready=True)
+    w.add("serving", ready=True)  # the older one stays
+    new = w.add("serving", ready=True)
     w.add("warm", ready=True)
     assert desired_state(Target(1, 1, "v1"), w.observed()) == [DeletePod(new.name, "ScaledDown")]
 

@@ -27,7 +27,7 @@ from preheat.engine.kv.snapshot import (
     tokenizer_hash,
 )
 
-from .snapshot_helpers import PAGE, fingerprint, manifest, record, write_manifest, writer_process
+from .snapshot_helpers import fingerprint, manifest, record, write_manifest, writer_process
 
 FP = fingerprint()
 
