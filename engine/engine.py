@@ -25,7 +25,7 @@ from preheat.engine.detokenizer import IncrementalDetokenizer
 from preheat.engine.kernels import attention
 from preheat.engine.kv.pool import KVPool, available_memory_bytes, pool_pages
 from preheat.engine.kv import prefix_io
-from preheat.engine.kv.radix import RadixCache
+from preheat.engine.kv.radix import RadixCache, RadixNode
 from preheat.engine.kv.snapshot import PrefixRecord, model_fingerprint, tokenizer_hash
 from preheat.engine.kv.tiers import KVTiers, page_keys, root_key
 from preheat.engine.model.llama import LlamaModel, RotaryEmbedding
@@ -395,25 +395,23 @@ class Engine:
         ]
         waiting = []
         for s in self.waiting:
-            cached = 0
-            key = None
-            if self.radix is not None:
-                tokens = s.all_token_ids
-                match = self.radix.match_prefix(tokens[: len(tokens) - 1], touch=False)
-                cached = match.length
-                key = next_tokens_key(tokens, cached, len(tokens) - 1)
+            if not sharing:
+                waiting.append(SeqView(s.request_id, s.num_tokens, 0, 0, 0))
+                continue
+            tokens = s.all_token_ids
+            match = self.radix.match_prefix(tokens[: len(tokens) - 1], touch=False)
             waiting.append(
-                SeqView(s.request_id, s.num_tokens, 0, 0, 0, cached, self._evictable_on_path(s), key)
+                SeqView(
+                    s.request_id, s.num_tokens, 0, 0, 0, match.length, self._evictable_on_path(match.node),
+                    next_tokens_key(tokens, match.length, len(tokens) - 1),
+                )
             )
         return running, waiting
 
-    def _evictable_on_path(self, seq: Sequence) -> int:
-        """Pages of the cached prefix this waiting request would lock that are counted as
-        evictable today: admitting it takes them out of the free headroom."""
-        if self.radix is None:
-            return 0
-        tokens = seq.all_token_ids
-        node = self.radix.match_prefix(tokens[: len(tokens) - 1], touch=False).node
+    def _evictable_on_path(self, node: RadixNode) -> int:
+        """Pages of the cached prefix ending at `node` (a waiting request's match) that are
+        counted as evictable today: admitting the request locks them, taking them out of the
+        free headroom."""
         total = 0
         while node is not self.radix.root:
             if node.lock_ref == 0 and node.pin_count == 0:
