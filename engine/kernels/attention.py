@@ -64,9 +64,10 @@ def prepare_decode(page_table, seq_lens, page_size: int):
 def prepare_extend(page_table, prefix_lens: list[int], extend_lens: list[int], page_size: int):
     """Per-batch work shared by every layer's extend attention: a plan for the batched
     torch path, or None when padding would waste too much (the per-sequence one runs)."""
-    if not batched_extend.worth_batching(prefix_lens, extend_lens):
+    groups = batched_extend.groups_worth_batching(prefix_lens, extend_lens)
+    if groups is None:
         return None
-    return batched_extend.plan_extend(page_table, prefix_lens, extend_lens, page_size)
+    return batched_extend.plan_extend(page_table, prefix_lens, extend_lens, page_size, groups)
 
 
 def decode_attention(q, k_cache, v_cache, page_table, seq_lens, scale, prepared=None) -> torch.Tensor:

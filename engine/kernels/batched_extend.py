@@ -22,6 +22,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from preheat.engine.kernels.reference import slot_index
+
 # A group may pad its query x key pairs up to this factor before a new group (one more SDPA
 # call per layer) is cheaper...
 GROUP_SLACK = 1.3
@@ -30,12 +32,6 @@ MAX_GROUPS = 4
 MAX_PADDING_FACTOR = 2.0
 # A group's mask is materialised (SDPA's scores are not): at most this many elements.
 MAX_MASK_ELEMENTS = 32 * 2**20
-
-
-def slot_index(pages: torch.Tensor, page_size: int) -> torch.Tensor:
-    """[..., n] page ids -> [..., n * page_size] slot ids in token order."""
-    offsets = torch.arange(page_size, device=pages.device, dtype=torch.int64)
-    return (pages.to(torch.int64).unsqueeze(-1) * page_size + offsets).flatten(-2)
 
 
 def _work(seqs: list[int], prefix_lens: list[int], extend_lens: list[int]) -> tuple[int, int]:
@@ -59,17 +55,22 @@ def group_by_length(prefix_lens: list[int], extend_lens: list[int]) -> list[list
     return groups
 
 
-def worth_batching(prefix_lens: list[int], extend_lens: list[int]) -> bool:
-    """Pure: whether the grouped, padded batch beats the per-sequence loop."""
+def groups_worth_batching(prefix_lens: list[int], extend_lens: list[int]) -> list[list[int]] | None:
+    """Pure: the groups, when the grouped, padded batch beats the per-sequence loop."""
     if len(extend_lens) < 2:
-        return False  # nothing to batch; the reference needs no mask at all
+        return None  # nothing to batch; the reference needs no mask at all
+    groups = group_by_length(prefix_lens, extend_lens)
     real = padded = 0
-    for group in group_by_length(prefix_lens, extend_lens):
+    for group in groups:
         r, p = _work(group, prefix_lens, extend_lens)
         if p > MAX_MASK_ELEMENTS:
-            return False
+            return None
         real, padded = real + r, padded + p
-    return padded <= MAX_PADDING_FACTOR * real
+    return groups if padded <= MAX_PADDING_FACTOR * real else None
+
+
+def worth_batching(prefix_lens: list[int], extend_lens: list[int]) -> bool:
+    return groups_worth_batching(prefix_lens, extend_lens) is not None
 
 
 @dataclass
@@ -119,11 +120,14 @@ def _plan_group(
     )
 
 
-def plan_extend(page_table: torch.Tensor, prefix_lens: list[int], extend_lens: list[int], page_size: int) -> ExtendPlan:
+def plan_extend(
+    page_table: torch.Tensor, prefix_lens: list[int], extend_lens: list[int], page_size: int,
+    groups: list[list[int]] | None = None,
+) -> ExtendPlan:
     starts = [0]
     for e in extend_lens[:-1]:
         starts.append(starts[-1] + e)
-    groups = group_by_length(prefix_lens, extend_lens)
+    groups = groups or group_by_length(prefix_lens, extend_lens)
     plans = [_plan_group(page_table, g, starts, prefix_lens, extend_lens, page_size) for g in groups]
     # Flat rows in the order the groups emit them; `order` inverts that.
     emitted = [r for g in groups for i in g for r in range(starts[i], starts[i] + extend_lens[i])]

@@ -20,10 +20,10 @@ def write_kv(
     v_cache.view(-1, kvh, hd).index_copy_(0, slots, v.to(v_cache.dtype))
 
 
-def _slot_index(page_table: torch.Tensor, page_size: int) -> torch.Tensor:
-    """[B, max_pages] page ids -> [B, max_pages * page_size] slot ids in token order."""
-    offsets = torch.arange(page_size, device=page_table.device, dtype=torch.int64)
-    return (page_table.to(torch.int64).unsqueeze(-1) * page_size + offsets).flatten(1)
+def slot_index(pages: torch.Tensor, page_size: int) -> torch.Tensor:
+    """[..., n] page ids -> [..., n * page_size] slot ids in token order."""
+    offsets = torch.arange(page_size, device=pages.device, dtype=torch.int64)
+    return (pages.to(torch.int64).unsqueeze(-1) * page_size + offsets).flatten(-2)
 
 
 class DecodeGather:
@@ -33,7 +33,7 @@ class DecodeGather:
     def __init__(self, page_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int) -> None:
         self.max_len = int(seq_lens.max())
         pages_needed = (self.max_len + page_size - 1) // page_size
-        self.slots = _slot_index(page_table[:, :pages_needed], page_size)[:, : self.max_len].reshape(-1)
+        self.slots = slot_index(page_table[:, :pages_needed], page_size)[:, : self.max_len].reshape(-1)
         valid = torch.arange(self.max_len, device=page_table.device) < seq_lens.to(page_table.device).unsqueeze(1)
         self.mask = valid[:, None, None, :]
 
@@ -88,7 +88,7 @@ def extend_attention(
     for i, (prefix, extend) in enumerate(zip(prefix_lens, extend_lens)):
         total = prefix + extend
         pages = (total + page_size - 1) // page_size
-        slots = _slot_index(page_table[i : i + 1, :pages], page_size)[0, :total]
+        slots = slot_index(page_table[i : i + 1, :pages], page_size)[0, :total]
         keys = k_flat.index_select(0, slots).to(q.dtype).transpose(0, 1).unsqueeze(0)  # [1, kvh, total, hd]
         values = v_flat.index_select(0, slots).to(q.dtype).transpose(0, 1).unsqueeze(0)
         queries = q[start : start + extend].transpose(0, 1).unsqueeze(0)  # [1, H, extend, hd]
