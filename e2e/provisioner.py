@@ -47,7 +47,7 @@ class LocalProvisioner:
         directory.mkdir(parents=True, exist_ok=True)
         for entry, source in self.prepopulate.items():
             source.mkdir(parents=True, exist_ok=True)
-            if not (directory / entry).exists():
+            if not ((directory / entry).exists() or (directory / entry).is_symlink()):
                 (directory / entry).symlink_to(source, target_is_directory=True)
         spec = claim.get("spec") or {}
         status = {"phase": "Bound", "accessModes": spec.get("accessModes") or [],
