@@ -14,7 +14,15 @@ from typing import Any, AsyncIterator
 
 from .api_errors import APIError, error_body
 from .async_engine import AsyncEngine, EngineDead, EngineNotReady, RequestStream
-from .openai_protocol import ChatCompletionRequest, CompletionRequest, SamplingFields, new_id, now
+from .openai_protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    SamplingFields,
+    TokenizeRequest,
+    new_id,
+    now,
+)
 
 log = logging.getLogger("preheat.server")
 
@@ -61,14 +69,15 @@ class OpenAIServing:
 
     # ------------------------------------------------------------ prompts
 
-    def chat_prompt(self, engine: Any, req: ChatCompletionRequest) -> list[int]:
+    def chat_prompt(self, engine: Any, req: ChatCompletionRequest | TokenizeRequest,
+                    add_generation_prompt: bool = True) -> list[int]:
         conv = [
             {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-            for m in req.messages
+            for m in req.messages or ()
         ]
         try:
             text = engine.tokenizer.apply_chat_template(
-                conv, add_generation_prompt=True, tokenize=False
+                conv, add_generation_prompt=add_generation_prompt, tokenize=False
             )
             # The template already wrote the special tokens.
             return list(engine.tokenizer.encode(text, add_special_tokens=False))
@@ -223,6 +232,30 @@ class OpenAIServing:
         yield "data: [DONE]\n\n"
 
     # ------------------------------------------------------------ completions
+
+    # ------------------------------------------------------------ tokenizer
+
+    def tokenize(self, req: TokenizeRequest) -> dict:
+        """What the engine would see: the same template and tokenizer as a request."""
+        engine = self._engine()
+        if req.model is not None:
+            self.check_model(req.model)
+        if req.messages is not None:
+            ids = self.chat_prompt(engine, req, req.add_generation_prompt)
+        else:
+            ids = list(engine.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens))
+        return {"count": len(ids), "max_model_len": int(engine.max_model_len), "tokens": ids}
+
+    def detokenize(self, req: DetokenizeRequest) -> dict:
+        engine = self._engine()
+        if req.model is not None:
+            self.check_model(req.model)
+        vocab = int(engine.model_config.vocab_size)
+        bad = [t for t in req.tokens if not 0 <= t < vocab]
+        if bad:
+            raise APIError(400, f"tokens: {bad[0]} is not a token id of this model (0 to {vocab - 1})",
+                           param="tokens", code="invalid_value")
+        return {"prompt": engine.tokenizer.decode(req.tokens)}
 
     async def completion(self, req: CompletionRequest) -> dict | AsyncIterator[str]:
         engine = self._engine()  # not ready: 503 first, the model name is not known yet

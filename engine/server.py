@@ -19,7 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .api_errors import APIError, error_body, from_validation_error
 from .async_engine import AsyncEngine
-from .openai_protocol import ChatCompletionRequest, CompletionRequest, now
+from .openai_protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest, now
 from .openai_serving import OpenAIServing
 
 log = logging.getLogger("preheat.server")
@@ -110,6 +110,18 @@ def create_app(
         check_auth(request)
         req = _validate(CompletionRequest, await read_json(request, max_body_bytes))
         return await _respond(request, serving.completion(req))
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> JSONResponse:
+        check_auth(request)
+        req = _validate(TokenizeRequest, await read_json(request, max_body_bytes))
+        return JSONResponse(serving.tokenize(req))
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request) -> JSONResponse:
+        check_auth(request)
+        req = _validate(DetokenizeRequest, await read_json(request, max_body_bytes))
+        return JSONResponse(serving.detokenize(req))
 
     @app.post("/admin/snapshot")
     async def snapshot(request: Request) -> JSONResponse:

@@ -166,6 +166,19 @@ def test_completion_options_we_do_not_implement_are_refused(http, extra, param):
     assert param in assert_error(r, 400)["message"]
 
 
+@pytest.mark.parametrize(
+    "path, body, param",
+    [
+        ("/tokenize", {"prompt": "a", "messages": [{"role": "user", "content": "b"}]}, "prompt"),
+        ("/tokenize", {}, "prompt"),
+        ("/detokenize", {"tokens": [1, 10**9]}, "tokens"),
+        ("/detokenize", {"tokens": "abc"}, "tokens"),
+    ],
+)
+def test_bad_tokenizer_requests(http, path, body, param):
+    assert_error(http.post(path, json=body), 400, param=param)
+
+
 def test_out_of_vocabulary_token_ids(http):
     r = http.post(COMPLETIONS, json={"model": MODEL, "prompt": [1, 10**9], "max_tokens": 1})
     assert_error(r, 400, param="prompt")

@@ -220,3 +220,23 @@ def test_logit_bias_through_the_sdk(client, tokenizer):
     forced = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=3, temperature=0,
                                             logit_bias={str(forced_id): 100})
     assert forced.choices[0].message.content == tokenizer.decode([forced_id] * 3)
+
+
+def test_tokenize_counts_exactly_what_a_chat_request_is_charged(client, http, tokenizer):
+    r = http.post("/tokenize", json={"model": MODEL, "messages": ASK})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    chat = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=1, temperature=0)
+    assert body["count"] == len(body["tokens"]) == chat.usage.prompt_tokens
+    assert body["max_model_len"] == 512
+
+    plain = http.post("/tokenize", json={"prompt": "The capital of France is"}).json()
+    assert plain["tokens"] == tokenizer.encode("The capital of France is")
+
+
+def test_detokenize_inverts_tokenize(http):
+    text = "Hello, world! Ünïcödé too."
+    tokens = http.post("/tokenize", json={"prompt": text, "add_special_tokens": False}).json()["tokens"]
+    r = http.post("/detokenize", json={"model": MODEL, "tokens": tokens})
+    assert r.status_code == 200, r.text
+    assert r.json() == {"prompt": text}
