@@ -366,6 +366,22 @@ def test_pruning_removes_stale_temp_dirs_but_not_a_live_writers(tmp_path):
     assert removed == [stale] and live.exists()
 
 
+def test_pruning_leaves_the_weight_cache_on_the_same_volume_alone(tmp_path):
+    # The operator puts converted weights at <snapshot dir>/weights (snapshot.cacheWeights).
+    entry = tmp_path / "weights" / "abc-bfloat16-v1"
+    entry.mkdir(parents=True)
+    (entry / "DONE").write_text("{}")
+    temp = tmp_path / "weights" / ".tmp-xyz"  # a converting pod's, inside the weights dir
+    temp.mkdir()
+    old = time.time() - 2 * snap.STALE_TEMP_SECONDS
+    os.utime(tmp_path / "weights", (old, old))
+    for i in range(3):
+        save_snapshot(tmp_path, FP, [record(4, i)], "w", keep=1)
+    prune_snapshots(tmp_path, keep=1)
+    assert (entry / "DONE").exists() and temp.exists()
+    assert list_snapshots(tmp_path) and all(p.name.startswith("snap-") for p in list_snapshots(tmp_path))
+
+
 def test_concurrent_pruners_do_not_fail_each_other(tmp_path):
     for i in range(6):
         save_snapshot(tmp_path, FP, [record(4, i)], "w", keep=10)
