@@ -61,15 +61,7 @@ parsing.parse_path = _parse_path_with_namespaces
 
 def merge_patch(target: Any, patch: Any) -> Any:
     """RFC 7386: dicts merge, null deletes, anything else (lists too) replaces."""
-    if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    out = dict(target) if isinstance(target, dict) else {}
-    for k, v in patch.items():
-        if v is None:
-            out.pop(k, None)
-        else:
-            out[k] = merge_patch(out.get(k), v)
-    return out
+    return _merge(target, patch, None, {})
 
 
 # Lists that a strategic merge patch merges by key instead of replacing (the ones the
@@ -77,18 +69,32 @@ def merge_patch(target: Any, patch: Any) -> Any:
 _MERGE_KEYS = {"conditions": "type", "containers": "name", "volumes": "name", "env": "name"}
 
 
-def strategic_merge_patch(target: Any, patch: Any, field: str | None = None) -> Any:
-    if isinstance(patch, list) and field in _MERGE_KEYS and isinstance(target, list):
-        key = _MERGE_KEYS[field]
+def strategic_merge_patch(target: Any, patch: Any) -> Any:
+    """A JSON merge patch, except that the lists in _MERGE_KEYS merge item by item on their key."""
+    return _merge(target, patch, None, _MERGE_KEYS)
+
+
+def _merge(target: Any, patch: Any, field: str | None, merge_keys: dict[str, str]) -> Any:
+    if isinstance(patch, list) and field in merge_keys and isinstance(target, list):
+        key = merge_keys[field]
         out = [copy.deepcopy(x) for x in target]
         for item in patch:
             for i, existing in enumerate(out):
                 if isinstance(existing, dict) and existing.get(key) == item.get(key):
-                    out[i] = strategic_merge_patch(existing, item)
+                    out[i] = _merge(existing, item, None, merge_keys)
                     break
             else:
                 out.append(copy.deepcopy(item))
         return out
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = dict(target) if isinstance(target, dict) else {}
+    for k, v in patch.items():
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = _merge(out.get(k), v, k, merge_keys)
+    return out
     if not isinstance(patch, dict):
         return copy.deepcopy(patch)
     out = dict(target) if isinstance(target, dict) else {}
