@@ -25,9 +25,10 @@ import logging
 import os
 import signal
 import socket
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import httpx
 
@@ -142,7 +143,7 @@ class LocalKubelet:
 
     # -- lifecycle --
 
-    async def __aenter__(self) -> "LocalKubelet":
+    async def __aenter__(self) -> LocalKubelet:
         path = f"/api/v1/namespaces/{self.namespace}/pods"
         self._tasks = [asyncio.create_task(watch(self._client, path, self._on_event)),
                        asyncio.create_task(self._housekeeping(path))]

@@ -13,9 +13,10 @@ import contextlib
 import os
 import signal
 import sys
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
 
 import kmock
 import kopf

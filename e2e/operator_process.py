@@ -54,7 +54,7 @@ class OperatorProcess:
         return "\n".join(p.read_text(errors="replace")[-4000:]
                          for p in sorted(self.log_dir.glob("operator-*.log")))
 
-    async def __aenter__(self) -> "OperatorProcess":
+    async def __aenter__(self) -> OperatorProcess:
         await self.start()
         return self
 

@@ -13,9 +13,10 @@ local kubelet has neither, so it maps what the pod asks for onto this machine:
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 
 class Unsupported(ValueError):

@@ -8,8 +8,9 @@ container that exits is restarted in place under restartPolicy Always, else the 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Mapping
+from typing import Any
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ class LocalProvisioner:
         self._client = httpx.AsyncClient(base_url=api_url.rstrip("/"), timeout=10)
         self._task: asyncio.Task | None = None
 
-    async def __aenter__(self) -> "LocalProvisioner":
+    async def __aenter__(self) -> LocalProvisioner:
         path = f"/api/v1/namespaces/{self.namespace}/persistentvolumeclaims"
         self._task = asyncio.create_task(watch(self._client, path, self._on_event))
         return self

@@ -16,10 +16,11 @@ import itertools
 import logging
 import threading
 import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable
+from typing import Any
 
-from .metrics import PHASES, Metrics
+from preheat.engine.metrics import PHASES, Metrics
 
 log = logging.getLogger("preheat.engine")
 
@@ -140,7 +141,7 @@ class AsyncEngine:
 
     def submit(
         self, prompt: str | list[int], params: Any, request_id: str, *, internal: bool = False
-    ) -> "RequestStream":
+    ) -> RequestStream:
         """Adds a request to the engine now (so a refusal is raised here, before any response
         is started) and returns the stream of its outputs. `internal` requests (warmup) are
         admitted before the phase is ready. Raises the engine's ValueError for a bad request,

@@ -9,8 +9,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3")

@@ -52,8 +52,9 @@ from __future__ import annotations
 import gc
 import logging
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Protocol, Sequence
+from typing import Protocol
 
 import torch
 

@@ -9,7 +9,7 @@ from types import FrameType
 
 import uvicorn
 
-from .lifecycle import Lifecycle
+from preheat.engine.lifecycle import Lifecycle
 
 log = logging.getLogger("preheat.serve")
 

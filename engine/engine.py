@@ -23,8 +23,8 @@ import torch
 from preheat.engine.config import ConfigError, EngineConfig, default_chunked_prefill_size
 from preheat.engine.detokenizer import IncrementalDetokenizer
 from preheat.engine.kernels import attention
-from preheat.engine.kv.pool import KVPool, available_memory_bytes, pool_pages
 from preheat.engine.kv import prefix_io
+from preheat.engine.kv.pool import KVPool, available_memory_bytes, pool_pages
 from preheat.engine.kv.radix import RadixCache, RadixNode
 from preheat.engine.kv.snapshot import PrefixRecord, model_fingerprint, tokenizer_hash
 from preheat.engine.kv.tiers import KVTiers, page_keys, root_key

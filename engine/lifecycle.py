@@ -13,11 +13,12 @@ import asyncio
 import inspect
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
-from .async_engine import AsyncEngine
-from .config import EngineConfig
+from preheat.engine.async_engine import AsyncEngine
+from preheat.engine.config import EngineConfig
 
 log = logging.getLogger("preheat.lifecycle")
 
@@ -34,7 +35,7 @@ class StartupStep:
 
 
 def default_engine_factory(config: EngineConfig) -> Any:
-    from .engine import Engine
+    from preheat.engine.engine import Engine
 
     return Engine(config)
 

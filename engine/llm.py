@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass
-from typing import Any, Sequence as Seq
+from typing import Any
 
 from preheat.engine.config import EngineConfig
 from preheat.engine.engine import Engine
@@ -21,7 +22,7 @@ class GenerationResult:
     logprobs: list[TokenLogprob] | None = None
 
     @property
-    def outputs(self) -> list["GenerationResult"]:  # vLLM's RequestOutput.outputs[0] habit
+    def outputs(self) -> list[GenerationResult]:  # vLLM's RequestOutput.outputs[0] habit
         return [self]
 
 

@@ -60,7 +60,7 @@ class ResponseFormat(_Request):
     json_schema: JsonSchemaFormat | None = None
 
     @model_validator(mode="after")
-    def _schema_given(self) -> "ResponseFormat":
+    def _schema_given(self) -> ResponseFormat:
         if self.type == "json_schema" and self.json_schema is None:
             raise ValueError("response_format of type json_schema needs a json_schema object")
         return self
@@ -93,14 +93,14 @@ class SamplingFields(_Request):
     logit_bias: dict[str, float] | None = None
 
     @model_validator(mode="after")
-    def _bounded_stop(self) -> "SamplingFields":
+    def _bounded_stop(self) -> SamplingFields:
         stops = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
         if len(stops) > 16:
             raise ValueError("stop: at most 16 sequences")
         return self
 
     @model_validator(mode="after")
-    def _logit_bias_keys_are_token_ids(self) -> "SamplingFields":
+    def _logit_bias_keys_are_token_ids(self) -> SamplingFields:
         for key, bias in (self.logit_bias or {}).items():
             if not key.strip().isdigit():
                 raise ValueError(f"logit_bias: {key!r} is not a token id")
@@ -123,7 +123,7 @@ class ChatCompletionRequest(SamplingFields):
     functions: list[dict[str, Any]] | None = None  # the deprecated form of tools
 
     @model_validator(mode="after")
-    def _no_tool_calls(self) -> "ChatCompletionRequest":
+    def _no_tool_calls(self) -> ChatCompletionRequest:
         # Answering as if no tools were offered would look like a model that chose not to
         # call one; say plainly instead that this server does not do tool calling.
         if (self.tools and self.tool_choice != "none") or self.functions:
@@ -146,7 +146,7 @@ class CompletionRequest(SamplingFields):
     suffix: str | None = None
 
     @model_validator(mode="after")
-    def _no_best_of_or_suffix(self) -> "CompletionRequest":
+    def _no_best_of_or_suffix(self) -> CompletionRequest:
         if self.best_of is not None and self.best_of != self.n:
             raise ValueError("best_of: generating best_of candidates and returning the n best is "
                              "not supported; omit best_of or set it equal to n")
@@ -179,7 +179,7 @@ class TokenizeRequest(_Request):
     add_generation_prompt: bool = True  # messages only
 
     @model_validator(mode="after")
-    def _one_input(self) -> "TokenizeRequest":
+    def _one_input(self) -> TokenizeRequest:
         if (self.prompt is None) == (self.messages is None):
             raise ValueError("prompt: give exactly one of prompt or messages")
         return self

@@ -9,12 +9,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from typing import Any
 
-from .api_errors import APIError, error_body
-from .async_engine import AsyncEngine, EngineDead, EngineNotReady, RequestStream
-from .openai_protocol import (
+from preheat.engine.api_errors import APIError, error_body
+from preheat.engine.async_engine import AsyncEngine, EngineDead, EngineNotReady, RequestStream
+from preheat.engine.openai_protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
@@ -111,7 +112,7 @@ class OpenAIServing:
     # ------------------------------------------------------------ params
 
     def sampling_params(self, engine: Any, req: Any, prompt_len: int, choice: int) -> Any:
-        from .sampling_params import SamplingParams, StructuredOutput
+        from preheat.engine.sampling_params import SamplingParams, StructuredOutput
 
         max_len = int(engine.max_model_len)
         prompt_param = "messages" if isinstance(req, ChatCompletionRequest) else "prompt"
@@ -351,7 +352,7 @@ def _structured(req: SamplingFields, StructuredOutput: type) -> Any:
 def _as_api_error(e: BaseException, req: Any) -> BaseException:
     if isinstance(e, APIError):
         return e
-    from .structured import InvalidGrammar  # lazy: xgrammar and torch load with the engine
+    from preheat.engine.structured import InvalidGrammar  # lazy: xgrammar and torch load with the engine
 
     if isinstance(e, InvalidGrammar):
         param = "regex" if req.regex is not None else "response_format"

@@ -8,8 +8,8 @@ through `decode_forward`, which on CUDA replays a captured graph for the padded 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 

@@ -10,17 +10,24 @@ import asyncio
 import hmac
 import json
 import logging
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .api_errors import APIError, error_body, from_validation_error
-from .async_engine import AsyncEngine
-from .openai_protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest, now
-from .openai_serving import OpenAIServing
+from preheat.engine.api_errors import APIError, error_body, from_validation_error
+from preheat.engine.async_engine import AsyncEngine
+from preheat.engine.openai_protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+    now,
+)
+from preheat.engine.openai_serving import OpenAIServing
 
 log = logging.getLogger("preheat.server")
 

@@ -9,10 +9,10 @@ import logging
 import sys
 from typing import TYPE_CHECKING, Any
 
-from .config import ConfigError, EngineConfig, add_arguments, from_namespace
+from preheat.engine.config import ConfigError, EngineConfig, add_arguments, from_namespace
 
 if TYPE_CHECKING:
-    from .warm_start import WarmStart
+    from preheat.engine.warm_start import WarmStart
 
 # The server stack (uvicorn, FastAPI, torch via the engine) is imported inside serve(), so
 # `--help` and a bad flag answer at once.
@@ -20,24 +20,24 @@ if TYPE_CHECKING:
 log = logging.getLogger("preheat.serve")
 
 
-def warm_start(config: EngineConfig, metrics: Any) -> "WarmStart":
+def warm_start(config: EngineConfig, metrics: Any) -> WarmStart:
     """Steps run after loading and before ready (snapshot restore in phase "restoring" when
     --snapshot-dir is set, then the warmup templates in phase "warming" when
     --warmup-templates is set) and the shutdown callbacks (save the snapshot). Raises
     TemplateError for an invalid template directory, before anything loads."""
-    from .warm_start import build_warm_start
+    from preheat.engine.warm_start import build_warm_start
 
     return build_warm_start(config, metrics)
 
 
-async def serve(config: EngineConfig, warm: "WarmStart | None" = None) -> int:
+async def serve(config: EngineConfig, warm: WarmStart | None = None) -> int:
     import uvicorn
 
-    from .async_engine import AsyncEngine
-    from .draining_server import DrainingServer
-    from .lifecycle import Lifecycle
-    from .metrics import default_metrics
-    from .server import create_app
+    from preheat.engine.async_engine import AsyncEngine
+    from preheat.engine.draining_server import DrainingServer
+    from preheat.engine.lifecycle import Lifecycle
+    from preheat.engine.metrics import default_metrics
+    from preheat.engine.server import create_app
 
     metrics = default_metrics()
     warm = warm if warm is not None else warm_start(config, metrics)
@@ -95,8 +95,8 @@ def main(argv: list[str]) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    from .metrics import default_metrics
-    from .warmup_templates import TemplateError
+    from preheat.engine.metrics import default_metrics
+    from preheat.engine.warmup_templates import TemplateError
 
     try:
         warm = warm_start(config, default_metrics())

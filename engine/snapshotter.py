@@ -61,7 +61,7 @@ class Snapshotter:
     def restore(self, aengine: Any) -> int:
         """Restores the newest valid snapshot into the engine; returns tokens restored.
         Never raises: any failure is logged and the engine warms cold."""
-        from .kv.snapshot import load_latest_snapshot  # torch: imported once the model loads
+        from preheat.engine.kv.snapshot import load_latest_snapshot  # torch: imported once the model loads
 
         started = time.monotonic()
         engine = aengine.engine
@@ -102,7 +102,7 @@ class Snapshotter:
     def save(self, aengine: Any) -> SavedSnapshot:
         """Exports the hottest prefixes on the step thread and writes them (in this thread).
         Raises on failure; callers decide whether that is a log line or an HTTP 500."""
-        from .kv.snapshot import save_snapshot
+        from preheat.engine.kv.snapshot import save_snapshot
 
         engine = aengine.engine
         if engine is None:

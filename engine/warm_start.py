@@ -16,11 +16,11 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from .config import EngineConfig
-from .lifecycle import StartupStep
-from .snapshotter import Snapshotter
-from .warmup_runner import WarmupReport, run_warmup
-from .warmup_templates import WarmupTemplate, build_plan, load_templates
+from preheat.engine.config import EngineConfig
+from preheat.engine.lifecycle import StartupStep
+from preheat.engine.snapshotter import Snapshotter
+from preheat.engine.warmup_runner import WarmupReport, run_warmup
+from preheat.engine.warmup_templates import WarmupTemplate, build_plan, load_templates
 
 log = logging.getLogger("preheat.warmup")
 

@@ -17,17 +17,12 @@ import asyncio
 import logging
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
-from .sampling_params import SamplingParams, StructuredOutput
-from .warmup_templates import (
-    ChatMessage,
-    PinnedPrefix,
-    WarmupPlan,
-    WarmupRequest,
-    filler_token_ids,
-)
+from preheat.engine.sampling_params import SamplingParams, StructuredOutput
+from preheat.engine.warmup_templates import ChatMessage, PinnedPrefix, WarmupPlan, WarmupRequest, filler_token_ids
 
 log = logging.getLogger("preheat.warmup")
 

@@ -19,7 +19,6 @@ an unchanged world returns the same actions, and once those are applied it retur
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Union
 
 from preheat.operator.pods import PodView
 from preheat.operator.resources import ROLE_SERVING, ROLE_WARM
@@ -58,7 +57,7 @@ class SetWarmGate:
     warm: bool
 
 
-Action = Union[CreatePod, Relabel, DeletePod, SetWarmGate]
+Action = CreatePod | Relabel | DeletePod | SetWarmGate
 
 
 def _ready(p: PodView) -> bool:

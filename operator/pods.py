@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from preheat.operator.resources import LABEL_ROLE, LABEL_TEMPLATE_HASH, WARM_CONDITION
 

@@ -10,16 +10,30 @@ from __future__ import annotations
 import datetime
 import logging
 import secrets
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from preheat.operator import render
 from preheat.operator.decide import (
-    Action, CreatePod, DeletePod, Relabel, SetWarmGate, Target, desired_state,
+    Action,
+    CreatePod,
+    DeletePod,
+    Relabel,
+    SetWarmGate,
+    Target,
+    desired_state,
 )
 from preheat.operator.kube import STRATEGIC, ApiError, Kube
 from preheat.operator.pods import view
 from preheat.operator.resources import (
-    CONFIGMAPS, HPAS, INFERENCE_SERVICES, LABEL_ROLE, LABEL_SERVICE, PODS, PVCS, SERVICES,
+    CONFIGMAPS,
+    HPAS,
+    INFERENCE_SERVICES,
+    LABEL_ROLE,
+    LABEL_SERVICE,
+    PODS,
+    PVCS,
+    SERVICES,
     WARM_CONDITION,
 )
 from preheat.operator.spec import ServiceSpec, SpecError, parse_spec
@@ -27,6 +41,8 @@ from preheat.operator.status import Observation, compute
 
 # (body, type, reason, message) -> None; kopf.event in the operator, a list in tests.
 EventSink = Callable[[Mapping[str, Any], str, str, str], None]
+
+log = logging.getLogger(__name__)
 
 _EVENT_TEXT = {
     "Promoted": "promoted warm pod {pod} to serving",
@@ -108,7 +124,7 @@ async def _apply(kube: Kube, body: Mapping[str, Any], spec: ServiceSpec, action:
 
 
 async def reconcile(kube: Kube, namespace: str, name: str, events: EventSink,
-                    logger: logging.Logger | logging.LoggerAdapter = logging.getLogger(__name__),
+                    logger: logging.Logger | logging.LoggerAdapter = log,
                     ) -> dict[str, Any] | None:
     """Reconcile once; returns the status written (None if the resource is gone)."""
     body = await kube.get(INFERENCE_SERVICES, namespace, name)

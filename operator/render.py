@@ -13,7 +13,12 @@ import math
 from typing import Any
 
 from preheat.operator.resources import (
-    API_VERSION, KIND, LABEL_ROLE, LABEL_SERVICE, LABEL_TEMPLATE_HASH, ROLE_SERVING,
+    API_VERSION,
+    KIND,
+    LABEL_ROLE,
+    LABEL_SERVICE,
+    LABEL_TEMPLATE_HASH,
+    ROLE_SERVING,
     WARM_CONDITION,
 )
 from preheat.operator.spec import ServiceSpec

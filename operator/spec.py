@@ -8,8 +8,9 @@ reconciler reports as a Degraded condition instead of crashing.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 
 class SpecError(ValueError):

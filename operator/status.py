@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from preheat.operator.pods import PodView
 from preheat.operator.resources import ROLE_SERVING, ROLE_WARM

@@ -48,7 +48,7 @@ class RealCluster:
         self.operator = OperatorProcess(Path(os.environ["KUBECONFIG"]), namespace, log_dir)
         self._forwards: dict[str, tuple[asyncio.subprocess.Process, str]] = {}
 
-    async def __aenter__(self) -> "RealCluster":
+    async def __aenter__(self) -> RealCluster:
         kubectl("apply", "-f", str(ROOT / "crds"))
         kubectl("wait", "--for=condition=Established", "--timeout=60s",
                 "crd/inferenceservices.serving.preheat.dev")

@@ -8,7 +8,7 @@ once per process by `set_backend`, which the runner calls with the device it run
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

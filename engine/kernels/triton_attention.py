@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .kv_fp8 import is_fp8
+from preheat.engine.kernels.kv_fp8 import is_fp8
 
 BLOCK_N = 32  # tokens per inner step
 MIN_DOT = 16  # tl.dot needs every dimension >= 16

@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .kv_fp8 import FP8_MAX, is_fp8
+from preheat.engine.kernels.kv_fp8 import FP8_MAX, is_fp8
 
 
 @triton.jit

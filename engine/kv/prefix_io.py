@@ -6,7 +6,7 @@ Runs on the engine's stepping thread (the pool and tree are not thread-safe).
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

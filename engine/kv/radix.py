@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Callable, Iterator
 
 from preheat.engine.kv.pool import KVPool
 
@@ -21,7 +21,7 @@ _clock = itertools.count(1)
 class RadixNode:
     __slots__ = ("key", "pages", "children", "parent", "lock_ref", "last_access", "hits", "pin_count")
 
-    def __init__(self, key: list[int], pages: list[int], parent: "RadixNode | None") -> None:
+    def __init__(self, key: list[int], pages: list[int], parent: RadixNode | None) -> None:
         self.key = key
         self.pages = pages
         self.children: dict[tuple[int, ...], RadixNode] = {}

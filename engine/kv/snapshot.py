@@ -25,9 +25,10 @@ import secrets
 import shutil
 import stat
 import time
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence, TypeVar
+from typing import Any, TypeVar
 
 import torch
 from safetensors import safe_open

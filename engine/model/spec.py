@@ -26,7 +26,7 @@ class ModelSpec:
     qkv_bias: bool
 
     @staticmethod
-    def from_hf_config(config: Any) -> "ModelSpec":
+    def from_hf_config(config: Any) -> ModelSpec:
         arch = config.model_type
         if arch not in SUPPORTED_ARCHITECTURES:
             raise ValueError(

@@ -18,7 +18,6 @@ from preheat.engine import LLM, SamplingParams
 from preheat.engine.sampling import apply_logit_bias, apply_penalties, apply_top_k_top_p_min_p, sample
 
 
-
 @dataclass
 class Row:
     """The fields the sampler reads from a sequence."""

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pathlib
 import subprocess
+import sys
 
 import kubernetes_validate
 import pytest
 import yaml
 
-import sys
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "operator"))
-import crd_schema  # noqa: E402
+import crd_schema
 from helm_tools import ensure_tools
 from operator_api_usage import kopf_peering_verbs, used_rules
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import copy
 import pathlib
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import celpy
 import jsonschema

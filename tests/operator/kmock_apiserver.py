@@ -21,7 +21,8 @@ import json
 import pathlib
 import secrets
 import uuid
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 import attrs
 import kmock

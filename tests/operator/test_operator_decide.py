@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from operator_sim import World, settle
 
 from preheat.operator.decide import (
-    CreatePod, DeletePod, Relabel, SetWarmGate, Target, desired_state,
+    CreatePod,
+    DeletePod,
+    Relabel,
+    SetWarmGate,
+    Target,
+    desired_state,
 )
-from operator_sim import World, settle
 
 
 def kinds(actions):

@@ -8,17 +8,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import kmock
 import kopf
 import pytest
-
 from kmock_apiserver import KubeAPIServer, write_kubeconfig
+
 from preheat.operator.config import OperatorConfig
 from preheat.operator.kube import STRATEGIC, Kube
 from preheat.operator.resources import (
-    CONFIGMAPS, INFERENCE_SERVICES, PODS, PVCS, SERVICES, WARM_CONDITION, Resource,
+    CONFIGMAPS,
+    INFERENCE_SERVICES,
+    PODS,
+    PVCS,
+    SERVICES,
+    WARM_CONDITION,
+    Resource,
 )
 
 NS = "default"

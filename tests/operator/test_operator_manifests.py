@@ -5,11 +5,11 @@ from __future__ import annotations
 import copy
 import pathlib
 
+import crd_schema
 import kubernetes_validate
 import pytest
 import yaml
 
-import crd_schema
 from preheat.operator import render
 from preheat.operator.spec import parse_spec
 

@@ -10,24 +10,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
-import sys
 import pathlib
+import sys
 import threading
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator
+from typing import Any
 
 import kmock
 import kopf
 import pytest
-
 from kmock_apiserver import KubeAPIServer, write_kubeconfig
+from test_operator_kmock import NS, eventually, sample
+
 from preheat.operator.config import OperatorConfig, startup_priority
 from preheat.operator.kube import Kube
 from preheat.operator.resources import INFERENCE_SERVICES, PODS, Resource
-from test_operator_kmock import NS, eventually, sample
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "helm"))
-from operator_api_usage import kopf_peering_verbs  # noqa: E402
+from operator_api_usage import kopf_peering_verbs
 
 PEERING = "preheat"
 KOPF_PEERINGS = Resource("kopf.dev", "v1", "kopfpeerings")
@@ -67,7 +68,7 @@ class Replica:
                     namespaces=[NS], memo=memo, stop_flag=self.stop))
             except asyncio.CancelledError:
                 pass  # kopf ends its root task by cancellation when stopped
-            except BaseException as e:  # noqa: BLE001 — reported by the test
+            except BaseException as e:
                 self.error = e
 
         self.thread = threading.Thread(target=run, name=self.identity, daemon=True)

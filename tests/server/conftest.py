@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import httpx
 import pytest
 from server_process import API_KEY, Server, start_server
 
@@ -24,8 +25,6 @@ def tokenizer():
     path = embedded_model_path()
     return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
 
-
-import httpx
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import httpx
-
 from serve_process import Server, free_port  # noqa: F401  (re-exported for the tests)
 from serve_process import start as _start
 

@@ -6,7 +6,6 @@ import httpx
 import pytest
 from server_process import API_KEY, MODEL
 
-
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 GOOD_CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}

@@ -7,7 +7,6 @@ import re
 
 import jsonschema
 import pytest
-
 from server_process import MODEL
 
 pytestmark = pytest.mark.slow

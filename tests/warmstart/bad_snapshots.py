@@ -8,8 +8,8 @@ import json
 import secrets
 import shutil
 import struct
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 MANIFEST = "manifest.json"
 
