@@ -13,7 +13,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-DTYPES = ("auto", "float32", "bfloat16", "float16")
+from preheat.engine.dtypes import MODEL_DTYPES
+
+DTYPES = ("auto", *MODEL_DTYPES)
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3")
 PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")

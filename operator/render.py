@@ -42,6 +42,18 @@ def owner_reference(name: str, uid: str) -> dict[str, Any]:
     }
 
 
+def child_metadata(name: str, namespace: str, uid: str, child_name: str | None = None,
+                   **labels: str) -> dict[str, Any]:
+    """Metadata every child of the InferenceService `name` carries: its service label (plus
+    `labels`) and a controller owner reference, so deleting the service cascades to it."""
+    return {
+        "name": child_name or name,
+        "namespace": namespace,
+        "labels": {LABEL_SERVICE: name, **labels},
+        "ownerReferences": [owner_reference(name, uid)],
+    }
+
+
 def selector_labels(name: str) -> dict[str, str]:
     return {LABEL_SERVICE: name, LABEL_ROLE: ROLE_SERVING}
 
@@ -180,13 +192,8 @@ def pod(name: str, namespace: str, uid: str, spec: ServiceSpec, pod_name: str, r
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {
-            "name": pod_name,
-            "namespace": namespace,
-            "labels": {LABEL_SERVICE: name, LABEL_ROLE: role,
-                       LABEL_TEMPLATE_HASH: template_hash(body)},
-            "ownerReferences": [owner_reference(name, uid)],
-        },
+        "metadata": child_metadata(name, namespace, uid, pod_name,
+                                   **{LABEL_ROLE: role, LABEL_TEMPLATE_HASH: template_hash(body)}),
         "spec": body,
     }
 
@@ -195,9 +202,7 @@ def service(name: str, namespace: str, uid: str) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {"name": name, "namespace": namespace,
-                     "labels": {LABEL_SERVICE: name},
-                     "ownerReferences": [owner_reference(name, uid)]},
+        "metadata": child_metadata(name, namespace, uid),
         "spec": {
             "type": "ClusterIP",
             "selector": selector_labels(name),
@@ -217,9 +222,7 @@ def snapshot_claim(name: str, namespace: str, uid: str, spec: ServiceSpec) -> di
     return {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
-        "metadata": {"name": snapshot_claim_name(name), "namespace": namespace,
-                     "labels": {LABEL_SERVICE: name},
-                     "ownerReferences": [owner_reference(name, uid)]},
+        "metadata": child_metadata(name, namespace, uid, snapshot_claim_name(name)),
         "spec": pvc_spec,
     }
 
@@ -238,9 +241,7 @@ def autoscaler(name: str, namespace: str, uid: str, spec: ServiceSpec) -> dict[s
     return {
         "apiVersion": "autoscaling/v2",
         "kind": "HorizontalPodAutoscaler",
-        "metadata": {"name": name, "namespace": namespace,
-                     "labels": {LABEL_SERVICE: name},
-                     "ownerReferences": [owner_reference(name, uid)]},
+        "metadata": child_metadata(name, namespace, uid),
         "spec": {
             # The HPA drives spec.replicas through the CRD's scale subresource.
             "scaleTargetRef": {"apiVersion": API_VERSION, "kind": KIND, "name": name},

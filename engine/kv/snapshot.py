@@ -34,7 +34,10 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-log = logging.getLogger("preheat.snapshot")
+from preheat.engine.dtypes import KV_DTYPES, SAFETENSORS_CODES, dtype_name
+from preheat.engine.kv.checksum import tensor_sha256
+
+log = logging.getLogger(__name__)
 
 FORMAT = "preheat-kv-snapshot"
 FORMAT_VERSION = 2  # 2: a prefix may store only the KV after an earlier prefix (kv_start)
@@ -62,20 +65,6 @@ REJECT_REASONS = (
 
 _SNAPSHOT_NAME = re.compile(r"^snap-(\d{20})-([A-Za-z0-9_.-]{1,64})-([0-9a-f]{8})$")
 _TENSOR_FILE = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}\.safetensors$")
-_DTYPES = {
-    "float32": torch.float32,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "float8_e4m3fn": torch.float8_e4m3fn,
-}
-_SAFETENSORS_DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16", "float8_e4m3fn": "F8_E4M3"}
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    for name, d in _DTYPES.items():
-        if d == dtype:
-            return name
-    raise ValueError(f"unsupported KV dtype for snapshots: {dtype}")
 
 
 # --------------------------------------------------------------------------- records
@@ -115,7 +104,6 @@ class LoadResult:
     records: list[PrefixRecord] = field(default_factory=list)
     path: Path | None = None  # the snapshot restored, None when none was usable
     rejected: list[Rejection] = field(default_factory=list)
-    created_at: float | None = None
     writer_id: str | None = None
 
     @property
@@ -173,7 +161,7 @@ def model_fingerprint(
         "model_id": model_id,
         **extra,
     }
-    if fp["dtype"] not in _DTYPES:
+    if fp["dtype"] not in KV_DTYPES:
         raise ValueError(f"unsupported KV dtype for snapshots: {fp['dtype']}")
     return json.loads(json.dumps(fp))  # normalise to what a manifest round-trip gives
 
@@ -262,10 +250,6 @@ def choose_restorable(entries: Sequence[dict], max_tokens: int | None) -> list[d
 
 
 # --------------------------------------------------------------------------- saving
-
-
-def _checksum(t: torch.Tensor) -> str:
-    return hashlib.sha256(t.contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
 
 
 def _fsync_path(path: Path, directory: bool = False) -> None:
@@ -391,7 +375,7 @@ def _write_tensor_files(
                 "tensor": tensor,
                 "shape": list(kv.shape),
                 "dtype": dtype_name(kv.dtype),
-                "sha256": _checksum(kv),
+                "sha256": tensor_sha256(kv),
             }
         )
     flush()
@@ -476,7 +460,7 @@ def load_latest_snapshot(
             result.rejected.append(_refusal(path, refused))
             continue
         result.records, result.path = records, path
-        result.created_at, result.writer_id = manifest.get("created_at"), manifest.get("writer_id")
+        result.writer_id = manifest.get("writer_id")
         log.info("snapshot restored: path=%s prefixes=%d tokens=%d", path, len(records), result.num_tokens)
         break
     return result
@@ -625,12 +609,12 @@ def _read_tensors(file: Path, entries: list[dict]) -> list[tuple[dict, torch.Ten
                     raise SnapshotRefused("size_mismatch", f"{file.name} has no tensor {e['tensor']!r}")
                 sl = f.get_slice(e["tensor"])
                 shape, dtype = list(sl.get_shape()), sl.get_dtype()
-                if shape != e["shape"] or dtype != _SAFETENSORS_DTYPES[e["dtype"]]:
+                if shape != e["shape"] or dtype != SAFETENSORS_CODES[e["dtype"]]:
                     raise SnapshotRefused(
                         "size_mismatch", f"{e['tensor']} is {dtype}{shape}, manifest says {e['dtype']}{e['shape']}"
                     )
                 kv = f.get_tensor(e["tensor"])
-                if _checksum(kv) != e["sha256"]:
+                if tensor_sha256(kv) != e["sha256"]:
                     raise SnapshotRefused("checksum_mismatch", f"{file.name}:{e['tensor']} does not match its sha256")
                 out.append((e, kv))
     except SnapshotRefused:

@@ -33,11 +33,13 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-log = logging.getLogger("preheat.kv.tiers")
+from preheat.engine.config import PREFETCH_POLICIES
+from preheat.engine.kv.checksum import tensor_sha256
+
+log = logging.getLogger(__name__)
 
 GIB = 1 << 30
 PAGE_FORMAT = "preheat-kv-page"
-PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")
 _KEY = re.compile(r"^[0-9a-f]{32}$")
 
 
@@ -76,10 +78,6 @@ def _check_key(key: str) -> str:
 
 def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
-
-
-def _checksum(t: torch.Tensor) -> str:
-    return hashlib.sha256(t.contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
 
 
 @dataclass
@@ -253,7 +251,7 @@ class DiskPageStore:
         path.parent.mkdir(exist_ok=True)
         tmp = path.parent / f".tmp-{key}-{secrets.token_hex(4)}"
         try:
-            save_file({"kv": kv}, str(tmp), metadata={"format": PAGE_FORMAT, "key": key, "sha256": _checksum(kv)})
+            save_file({"kv": kv}, str(tmp), metadata={"format": PAGE_FORMAT, "key": key, "sha256": tensor_sha256(kv)})
             os.replace(tmp, path)
         except BaseException:
             tmp.unlink(missing_ok=True)
@@ -279,7 +277,7 @@ class DiskPageStore:
             with safe_open(str(path), framework="pt") as f:
                 meta = f.metadata() or {}
                 kv = f.get_tensor("kv")
-            if meta.get("format") != PAGE_FORMAT or meta.get("key") != key or meta.get("sha256") != _checksum(kv):
+            if meta.get("format") != PAGE_FORMAT or meta.get("key") != key or meta.get("sha256") != tensor_sha256(kv):
                 raise ValueError("checksum or key mismatch")
         except Exception as e:  # any unreadable page is a miss, never a crash
             log.warning("L3 page %s dropped: %s", key, e)

@@ -15,6 +15,7 @@ import torch
 from safetensors.torch import save_file
 
 from preheat.engine.kv import snapshot as snap
+from preheat.engine.kv.checksum import tensor_sha256
 from preheat.engine.kv.snapshot import (
     REJECT_REASONS,
     PrefixRecord,
@@ -140,7 +141,7 @@ def test_a_refused_newest_snapshot_falls_back_to_the_previous_one(tmp_path, capl
     old = save_snapshot(tmp_path, FP, [record(4, 1)], "a")
     new = save_snapshot(tmp_path, FP, [record(4, 2)], "b")
     (new / "manifest.json").write_text("{ not json")
-    with caplog.at_level(logging.WARNING, logger="preheat.snapshot"):
+    with caplog.at_level(logging.WARNING, logger="preheat.engine.kv.snapshot"):
         result = load_latest_snapshot(tmp_path, FP)
     assert result.path == old and same(result.records, [record(4, 1)])
     assert [(r.path, r.reason) for r in result.rejected] == [(str(new), "manifest_unparsable")]
@@ -310,7 +311,7 @@ def test_a_manifest_that_lies_about_the_tensor_shape_is_refused(tmp_path, one):
     save_file({e["tensor"]: small}, str(tensor_file(one)))
     m = manifest(one)
     m["files"][e["file"]]["size"] = tensor_file(one).stat().st_size
-    m["prefixes"][0]["sha256"] = snap._checksum(small)
+    m["prefixes"][0]["sha256"] = tensor_sha256(small)
     write_manifest(one, m)
     assert "manifest says" in refused(tmp_path, "size_mismatch")
 
