@@ -35,7 +35,7 @@ import httpx
 from e2e import podmap, podstatus
 from e2e.watch import watch
 
-log = logging.getLogger("e2e.kubelet")
+log = logging.getLogger(__name__)
 STRATEGIC = {"Content-Type": "application/strategic-merge-patch+json"}
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-log = logging.getLogger("e2e.watch")
+log = logging.getLogger(__name__)
 
 Handler = Callable[[str, dict[str, Any]], Awaitable[None]]
 

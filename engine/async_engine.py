@@ -22,7 +22,7 @@ from typing import Any
 
 from preheat.engine.metrics import PHASES, Metrics
 
-log = logging.getLogger("preheat.engine")
+log = logging.getLogger(__name__)
 
 
 class EngineNotReady(RuntimeError):

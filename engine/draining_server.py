@@ -11,7 +11,7 @@ import uvicorn
 
 from preheat.engine.lifecycle import Lifecycle
 
-log = logging.getLogger("preheat.serve")
+log = logging.getLogger(__name__)
 
 
 class DrainingServer(uvicorn.Server):

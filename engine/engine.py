@@ -22,6 +22,7 @@ import torch
 
 from preheat.engine.config import ConfigError, EngineConfig, default_chunked_prefill_size
 from preheat.engine.detokenizer import IncrementalDetokenizer
+from preheat.engine.dtypes import torch_dtype
 from preheat.engine.kernels import attention
 from preheat.engine.kv import prefix_io
 from preheat.engine.kv.pool import KVPool, available_memory_bytes, pool_pages
@@ -37,9 +38,6 @@ from preheat.engine.scheduler import SeqView, StepPlan, next_tokens_key, pages_f
 from preheat.engine.sequence import RequestOutput, Sequence, Status, TokenLogprob
 
 log = logging.getLogger(__name__)
-
-DTYPE_NAMES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
 
 @dataclass
 class EngineStats:
@@ -74,7 +72,7 @@ def resolve_device(name: str) -> torch.device:
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if name != "auto":
-        return DTYPE_NAMES[name]
+        return torch_dtype(name)
     if device.type == "cuda" and not torch.cuda.is_bf16_supported():
         return torch.float16
     return torch.bfloat16
@@ -176,7 +174,6 @@ class Engine:
         self._lock = threading.Lock()
         self.waiting: collections.deque[Sequence] = collections.deque()
         self.running: list[Sequence] = []
-        self._admit_counter = itertools.count()
         self._prompt_tokens = 0
         self._cached_tokens = 0
         self._generation_tokens = 0
@@ -342,7 +339,6 @@ class Engine:
             self._prompt_tokens += len(seq.prompt_token_ids)
             self._cached_tokens += seq.num_computed
         seq.status = Status.RUNNING
-        seq.admit_order = next(self._admit_counter)
 
     def _preempt(self, seq: Sequence) -> None:
         self._release(seq)

@@ -20,7 +20,7 @@ from typing import Any
 from preheat.engine.async_engine import AsyncEngine
 from preheat.engine.config import EngineConfig
 
-log = logging.getLogger("preheat.lifecycle")
+log = logging.getLogger(__name__)
 
 
 @dataclass

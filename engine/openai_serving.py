@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -24,8 +23,6 @@ from preheat.engine.openai_protocol import (
     new_id,
     now,
 )
-
-log = logging.getLogger("preheat.server")
 
 
 @dataclass

@@ -7,7 +7,6 @@ through `decode_forward`, which on CUDA replays a captured graph for the padded 
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -18,8 +17,6 @@ from preheat.engine.kv.pool import KVPool
 from preheat.engine.model.llama import AttentionMetadata, LlamaModel
 from preheat.engine.sampling import SampleResult, sample
 from preheat.engine.sequence import Sequence
-
-log = logging.getLogger(__name__)
 
 
 @dataclass

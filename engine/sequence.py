@@ -66,7 +66,6 @@ class Sequence:
         self.finish_reason: str | None = None
         self.arrival = time.monotonic()
         self.first_token_time: float | None = None
-        self.admit_order = 0
         # KV state: pages[:num_shared] belong to the radix tree (locked through `node`).
         self.pages: list[int] = []
         self.num_shared = 0
@@ -84,10 +83,6 @@ class Sequence:
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
-
-    @property
-    def in_decode(self) -> bool:
-        return self.num_computed == self.num_tokens - 1
 
     @property
     def finished(self) -> bool:

@@ -29,7 +29,7 @@ from preheat.engine.openai_protocol import (
 )
 from preheat.engine.openai_serving import OpenAIServing
 
-log = logging.getLogger("preheat.server")
+log = logging.getLogger(__name__)
 
 _STARTED = now()
 

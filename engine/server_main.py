@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 # The server stack (uvicorn, FastAPI, torch via the engine) is imported inside serve(), so
 # `--help` and a bad flag answer at once.
 
-log = logging.getLogger("preheat.serve")
+log = logging.getLogger(__name__)
 
 
 def warm_start(config: EngineConfig, metrics: Any) -> WarmStart:

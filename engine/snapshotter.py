@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-log = logging.getLogger("preheat.snapshot")
+log = logging.getLogger(__name__)
 
 # How long a save may wait for the step thread to export (a long prefill step is seconds).
 EXPORT_TIMEOUT_S = 120.0

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -92,7 +91,6 @@ class GrammarBackend:
         self._lock = threading.Lock()
         self.cache_hits = 0
         self.cache_misses = 0
-        self.compile_seconds_total = 0.0
 
     @property
     def stop_token_ids(self) -> list[int]:
@@ -106,13 +104,10 @@ class GrammarBackend:
                 self._cache.move_to_end((kind, key))
                 self.cache_hits += 1
                 return hit
-        start = time.perf_counter()
         grammar = self._compile(kind, key)
-        elapsed = time.perf_counter() - start
         compiled = CompiledGrammar(kind, key, grammar)
         with self._lock:
             self.cache_misses += 1
-            self.compile_seconds_total += elapsed
             self._cache[(kind, key)] = compiled
             while len(self._cache) > self._cache_size:
                 self._cache.popitem(last=False)

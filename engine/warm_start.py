@@ -19,10 +19,10 @@ from typing import Any
 from preheat.engine.config import EngineConfig
 from preheat.engine.lifecycle import StartupStep
 from preheat.engine.snapshotter import Snapshotter
-from preheat.engine.warmup_runner import WarmupReport, run_warmup
+from preheat.engine.warmup_runner import run_warmup
 from preheat.engine.warmup_templates import WarmupTemplate, build_plan, load_templates
 
-log = logging.getLogger("preheat.warmup")
+log = logging.getLogger(__name__)
 
 
 def plan_limits(engine: Any, max_tokens: int) -> dict[str, Any]:
@@ -64,7 +64,6 @@ async def warm_streaming_response() -> None:
 class WarmStart:
     templates: list[WarmupTemplate] = field(default_factory=list)
     snapshotter: Snapshotter | None = None
-    last_report: WarmupReport | None = None
 
     async def warm(self, aengine: Any) -> None:
         """The "warming" StartupStep."""
@@ -74,7 +73,7 @@ class WarmStart:
         if engine.cuda_graph_batch_sizes:
             log.info("warmup: replaying captured CUDA-graph batch sizes %s",
                      engine.cuda_graph_batch_sizes)
-        self.last_report = await run_warmup(aengine, plan, aengine.metrics)
+        await run_warmup(aengine, plan, aengine.metrics)
         await warm_streaming_response()
 
     @staticmethod

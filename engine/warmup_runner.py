@@ -24,7 +24,7 @@ from typing import Any
 from preheat.engine.sampling_params import SamplingParams, StructuredOutput
 from preheat.engine.warmup_templates import ChatMessage, PinnedPrefix, WarmupPlan, WarmupRequest, filler_token_ids
 
-log = logging.getLogger("preheat.warmup")
+log = logging.getLogger(__name__)
 
 # A user turn appended to a system message to find which of its tokens every conversation
 # shares (the chat template may change how the system block ends once a user turn follows).

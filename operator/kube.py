@@ -20,7 +20,6 @@ from preheat.operator.resources import Resource
 
 MERGE = "application/merge-patch+json"
 STRATEGIC = "application/strategic-merge-patch+json"
-JSON_PATCH = "application/json-patch+json"
 
 
 class ApiError(Exception):

@@ -38,11 +38,6 @@ def is_fp8(t: torch.Tensor) -> bool:
     return t.dtype == FP8_DTYPE
 
 
-def default_scale(device: torch.device | str) -> torch.Tensor:
-    """A fresh per-tensor scale of 1.0 (float32 [1]); one each for K and V per layer."""
-    return torch.ones(1, dtype=torch.float32, device=device)
-
-
 def calibrated_scale(x: torch.Tensor, margin: float = 2.0) -> torch.Tensor:
     """A scale that maps |x|.max() * margin to FP8_MAX: for calibrating on warmup activations.
 

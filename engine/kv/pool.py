@@ -7,18 +7,11 @@ memory is allocated: pages are integers on a free list.
 
 from __future__ import annotations
 
-import logging
 import os
 
 import torch
 
-log = logging.getLogger(__name__)
-
 SCRATCH_PAGE = 0  # never handed out: padding rows and masked slots write here
-
-
-class OutOfPages(RuntimeError):
-    pass
 
 
 class KVPool:

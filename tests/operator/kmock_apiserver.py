@@ -96,15 +96,6 @@ def _merge(target: Any, patch: Any, field: str | None, merge_keys: dict[str, str
         else:
             out[k] = _merge(out.get(k), v, k, merge_keys)
     return out
-    if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    out = dict(target) if isinstance(target, dict) else {}
-    for k, v in patch.items():
-        if v is None:
-            out.pop(k, None)
-        else:
-            out[k] = strategic_merge_patch(out.get(k), v, k)
-    return out
 
 
 def _pointer(path: str) -> list[str]:
