@@ -55,6 +55,17 @@ class StepPlan:
     def empty(self) -> bool:
         return not self.decode and not self.extend
 
+    def rebase_admission(self, seq_id: str, num_tokens: int, num_computed: int, num_pages: int, page_size: int) -> int:
+        """An admission whose cached prefix grew while it was admitted (pages brought back
+        from L2/L3) starts later than planned: it computes the same chunk from there, or
+        the rest of its prompt when that is shorter, and gets the pages for that instead.
+        Returns its new token count."""
+        i = next(i for i, (sid, _) in enumerate(self.extend) if sid == seq_id)
+        n = min(self.extend[i][1], num_tokens - num_computed)
+        self.extend[i] = (seq_id, n)
+        self.pages[seq_id] = pages_for(num_computed + n, page_size) - num_pages
+        return n
+
 
 def pages_for(num_tokens: int, page_size: int) -> int:
     return -(-num_tokens // page_size)

@@ -87,3 +87,26 @@ class Sequence:
     @property
     def finished(self) -> bool:
         return self.status is Status.FINISHED
+
+    def take_output(self) -> RequestOutput:
+        """What this request has produced, with what is new since the last call."""
+        new_ids = self.output_token_ids[self.emitted_tokens :]
+        self.emitted_tokens = len(self.output_token_ids)
+        new_lps = None
+        if self.logprobs is not None:
+            new_lps = self.logprobs[self.emitted_logprobs :]
+            self.emitted_logprobs = len(self.logprobs)
+        new_text = self.detokenizer.take_new_text(self.finished)
+        return RequestOutput(
+            request_id=self.request_id,
+            prompt_token_ids=self.prompt_token_ids,
+            token_ids=list(self.output_token_ids),
+            new_token_ids=new_ids,
+            text=self.detokenizer.text if self.finished else self.detokenizer.text[: self.detokenizer.emitted],
+            new_text=new_text,
+            finished=self.finished,
+            finish_reason=self.finish_reason,
+            cached_tokens=self.cached_tokens or 0,
+            logprobs=list(self.logprobs) if self.logprobs is not None else None,
+            new_logprobs=new_lps,
+        )

@@ -143,6 +143,20 @@ def test_cached_prefix_tokens_are_neither_computed_nor_given_pages() -> None:
     assert uncached.pages == {"w": 6}
 
 
+def test_an_admission_whose_prefix_grew_is_rebased_in_the_plan() -> None:
+    # Planned from 4 cached tokens: 17 to compute, 5 pages. Admitting brought 8 more tokens
+    # back from L2/L3 (2 pages): the rest of the prompt, 9 tokens, needs 3 new pages.
+    p = plan(queue=[waiting("w", 21, cached_len=4), waiting("x", 6)])
+    assert p.extend == [("w", 17), ("x", 6)] and p.pages == {"w": 5, "x": 2}
+    assert p.rebase_admission("w", num_tokens=21, num_computed=12, num_pages=3, page_size=PS) == 9
+    assert p.extend == [("w", 9), ("x", 6)] and p.pages == {"w": 3, "x": 2}
+    # A chunk shorter than the rest keeps its length and starts later.
+    c = plan(queue=[waiting("w", 21)], chunk_budget=8)
+    assert c.extend == [("w", 8)] and c.pages == {"w": 2}
+    assert c.rebase_admission("w", num_tokens=21, num_computed=8, num_pages=2, page_size=PS) == 8
+    assert c.extend == [("w", 8)] and c.pages == {"w": 2}
+
+
 def test_admitting_locks_the_cached_prefix_so_its_evictable_pages_stop_counting_as_free() -> None:
     # free_pages counts evictable cache pages; 4 of them are the very prefix "w" would lock.
     # Counting them as room for w's new page (and the decode's) would leave the decode
