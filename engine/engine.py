@@ -30,9 +30,8 @@ from preheat.engine.kv.pool import KVPool, available_memory_bytes, pool_pages
 from preheat.engine.kv.radix import RadixCache
 from preheat.engine.kv.snapshot import PrefixRecord, model_fingerprint, tokenizer_hash
 from preheat.engine.kv.tiers import KVTiers
-from preheat.engine.model.llama import LlamaModel, RotaryEmbedding
-from preheat.engine.model.loader import fuse_weights, load_model
-from preheat.engine.model.spec import rope_inv_freq
+from preheat.engine.model.build import build_model, select_moe_backend
+from preheat.engine.model.loader import load_model
 from preheat.engine.request_builder import RequestBuilder, default_stop_ids
 from preheat.engine.runner import BatchEntry, ModelRunner
 from preheat.engine.sampling import SampleResult
@@ -98,9 +97,9 @@ class Engine:
         self.weights_from_cache = loaded.from_cache
         self.hf_dir = loaded.hf_dir  # lets benchmarks and tests load the same weights in transformers
         spec = loaded.spec
-        weights = {k: v.to(self.device) for k, v in fuse_weights(spec, loaded.weights).items()}
-        inv_freq, scaling = rope_inv_freq(loaded.hf_config, spec.head_dim)
-        self.model = LlamaModel(spec, weights, RotaryEmbedding(inv_freq.to(self.device), scaling, self.dtype))
+        moe_backend = select_moe_backend(self.device) if spec.moe is not None else "torch"
+        self.model = build_model(spec, loaded.hf_config, loaded.weights, self.device, self.dtype, moe_backend)
+        del loaded  # the model holds what it needs; drop the checkpoint's own tensors
         self.attention_backend = attention.set_backend(self.device)
         self.load_seconds = time.monotonic() - started
         log.info(

@@ -14,7 +14,7 @@ import torch
 
 from preheat.engine.cuda_graph import CudaGraphRunner, DecodeInputs
 from preheat.engine.kv.pool import KVPool
-from preheat.engine.model.llama import AttentionMetadata, LlamaModel
+from preheat.engine.model.decoder import AttentionMetadata, DecoderModel
 from preheat.engine.sampling import SampleResult, sample
 from preheat.engine.sequence import Sequence
 
@@ -28,7 +28,7 @@ class BatchEntry:
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, pool: KVPool, device: torch.device, grammar_masks: Callable | None) -> None:
+    def __init__(self, model: DecoderModel, pool: KVPool, device: torch.device, grammar_masks: Callable | None) -> None:
         self.model = model
         self.pool = pool
         self.device = device
@@ -95,7 +95,9 @@ class ModelRunner:
             device=self.device,
             disable=disable,
             # The reference decode reads int(seq_lens.max()): a host sync a graph cannot hold.
-            eager_because=None if attention_backend == "triton" else "attention backend is torch",
+            eager_because=(
+                "attention backend is torch" if attention_backend != "triton" else self.model.graphs_off_reason
+            ),
             on_capture=on_capture,
         )
         with torch.inference_mode():

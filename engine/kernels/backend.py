@@ -23,20 +23,22 @@ BACKENDS = ("torch", "triton")
 
 
 def choose_backend(
-    device_type: str, triton_importable: bool, override: str | None, interpreting: bool
+    device_type: str, triton_importable: bool, override: str | None, interpreting: bool,
+    env_name: str = ENV_OVERRIDE,
 ) -> tuple[str, str]:
-    """(backend, why). Pure: every input is passed in, so every branch is testable on CPU."""
+    """(backend, why). Pure: every input is passed in, so every branch is testable on CPU.
+    `env_name` names the override in messages (the MoE experts use the same decision)."""
     if override:
         if override not in BACKENDS:
-            raise ValueError(f"{ENV_OVERRIDE}={override!r}: expected one of {', '.join(BACKENDS)}")
+            raise ValueError(f"{env_name}={override!r}: expected one of {', '.join(BACKENDS)}")
         if override == "triton":
             if not triton_importable:
-                raise ValueError(f"{ENV_OVERRIDE}=triton but Triton is not installed")
+                raise ValueError(f"{env_name}=triton but Triton is not installed")
             if device_type != "cuda" and not interpreting:
                 raise ValueError(
-                    f"{ENV_OVERRIDE}=triton on {device_type} needs TRITON_INTERPRET=1 (slow; tests only)"
+                    f"{env_name}=triton on {device_type} needs TRITON_INTERPRET=1 (slow; tests only)"
                 )
-        return override, f"{ENV_OVERRIDE}={override}"
+        return override, f"{env_name}={override}"
     if device_type != "cuda":
         return "torch", f"device is {device_type}"
     if not triton_importable:

@@ -26,6 +26,8 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from preheat.engine.model.families import family_for, gguf_model_type
+from preheat.engine.model.gguf_meta import gguf_identity
 from preheat.engine.model.spec import ModelSpec
 
 log = logging.getLogger(__name__)
@@ -82,6 +84,29 @@ def file_digest(path: str | Path) -> str:
     return h.hexdigest()
 
 
+def check_supported(model: str | None) -> str | None:
+    """The model_type a --model will load as, refusing an unsupported family (or a GGUF
+    transformers cannot read whole) with UnsupportedModelError. Reads only config.json or
+    the GGUF header: milliseconds, so `preheat serve` checks before it starts. None when
+    there is nothing to check yet (the embedded default, or a path the loader will refuse)."""
+    if model is None:
+        return None
+    path = Path(model)
+    if path.is_dir() and (path / "config.json").is_file():
+        try:
+            model_type = json.loads((path / "config.json").read_text()).get("model_type")
+        except (OSError, ValueError, AttributeError):
+            return None  # unreadable: transformers' own error says why, at load
+        return family_for(model_type).model_type
+    if path.is_file() and path.suffix == ".gguf":
+        try:
+            identity = gguf_identity(path)
+        except (OSError, ValueError):
+            return None  # not GGUF after all: transformers' reader says why, at load
+        return gguf_model_type(*identity)
+    return None
+
+
 def load_model(model: str | None, dtype: torch.dtype, weight_cache_dir: str | None) -> LoadedModel:
     source = model or default_model_path()
     path = Path(source)
@@ -92,6 +117,7 @@ def load_model(model: str | None, dtype: torch.dtype, weight_cache_dir: str | No
         return _load_hf_dir(path, dtype, served, source)
     if path.suffix != ".gguf":
         raise ValueError(f"--model {source!r}: expected a Hugging Face directory or a .gguf file")
+    check_supported(str(path))  # before hashing or converting: both are slow
     cache_root = None if weight_cache_dir == "off" else Path(weight_cache_dir or default_weight_cache_dir())
     if cache_root is None:
         loaded = _load_gguf(path, dtype, served)
@@ -141,17 +167,40 @@ def _load_gguf(path: Path, dtype: torch.dtype, served: str) -> LoadedModel:
 def _load_hf_dir(path: Path, dtype: torch.dtype, served: str, source: str) -> LoadedModel:
     from transformers import AutoConfig, AutoTokenizer
 
+    check_supported(str(path))  # a clear message before transformers meets an unknown model_type
     config = AutoConfig.from_pretrained(path)
     spec = ModelSpec.from_hf_config(config)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"{path}: no *.safetensors weight files")
+    files = weight_files(path)
     weights: dict[str, torch.Tensor] = {}
     for f in files:
         for name, tensor in load_file(str(f)).items():
             weights[name] = tensor if tensor.dtype == dtype else tensor.to(dtype)
     return LoadedModel(config, spec, tokenizer, weights, source, served, False, str(path), _dir_digest(files))
+
+
+def weight_files(path: Path) -> list[Path]:
+    """The safetensors files that make up the checkpoint: those a sharded checkpoint's
+    `model.safetensors.index.json` names, else `model.safetensors`, else every
+    *.safetensors file. Going by the index keeps out stray files that share the directory
+    (Mistral repositories also ship `consolidated.safetensors`, the same weights under other
+    names)."""
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text()).get("weight_map") or {}
+        files = [path / name for name in sorted(set(weight_map.values()))]
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise FileNotFoundError(f"{path}: shards named in {index.name} are missing: {', '.join(missing)}")
+        if files:
+            return files
+    single = path / "model.safetensors"
+    if single.is_file():
+        return [single]
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{path}: no *.safetensors weight files")
+    return files
 
 
 def _dir_digest(files: list[Path]) -> str:
@@ -197,28 +246,3 @@ def _write_cache_entry(target: Path, loaded: LoadedModel, replace_damaged: bool 
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-
-
-def fuse_weights(spec: ModelSpec, hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """transformers names -> ours, with q/k/v and gate/up concatenated so each is one matmul."""
-    out: dict[str, torch.Tensor] = {
-        "embed": hf["model.embed_tokens.weight"],
-        "norm": hf["model.norm.weight"],
-    }
-    out["lm_head"] = hf["model.embed_tokens.weight"] if spec.tie_word_embeddings else hf["lm_head.weight"]
-    for i in range(spec.num_layers):
-        p = f"model.layers.{i}."
-        attn = p + "self_attn."
-        out[f"layers.{i}.input_norm"] = hf[p + "input_layernorm.weight"]
-        out[f"layers.{i}.post_norm"] = hf[p + "post_attention_layernorm.weight"]
-        out[f"layers.{i}.qkv"] = torch.cat(
-            [hf[attn + "q_proj.weight"], hf[attn + "k_proj.weight"], hf[attn + "v_proj.weight"]]
-        )
-        if spec.qkv_bias:
-            out[f"layers.{i}.qkv_bias"] = torch.cat(
-                [hf[attn + "q_proj.bias"], hf[attn + "k_proj.bias"], hf[attn + "v_proj.bias"]]
-            )
-        out[f"layers.{i}.o"] = hf[attn + "o_proj.weight"]
-        out[f"layers.{i}.gate_up"] = torch.cat([hf[p + "mlp.gate_proj.weight"], hf[p + "mlp.up_proj.weight"]])
-        out[f"layers.{i}.down"] = hf[p + "mlp.down_proj.weight"]
-    return out

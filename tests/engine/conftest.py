@@ -19,10 +19,11 @@ def smollm_tokenizer():
     return AutoTokenizer.from_pretrained(folder, gguf_file=DEFAULT_GGUF_NAME)
 
 
-def build_tiny_model(path: Path, arch: str, tokenizer, **overrides) -> Path:
-    """Saves a random-weight model of the given family as a Hugging Face directory.
-    A large initializer range makes logits peaked, so greedy decoding has clear winners."""
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+def tiny_config(arch: str, tokenizer, **overrides):
+    """A transformers config of the given family, tiny. Qwen3's head_dim (24) is not
+    hidden / heads (16), as in the real Qwen3 models; the MoE configs have more experts than
+    the top-k and (Qwen3-MoE) a dense layer among the sparse ones."""
+    import transformers
 
     common = dict(
         vocab_size=len(tokenizer),
@@ -36,15 +37,35 @@ def build_tiny_model(path: Path, arch: str, tokenizer, **overrides) -> Path:
         eos_token_id=tokenizer.eos_token_id,
         bos_token_id=1,
     )
-    common.update(overrides)
+    family = {
+        "llama": (transformers.LlamaConfig, dict(tie_word_embeddings=False)),
+        "qwen2": (transformers.Qwen2Config, dict(tie_word_embeddings=True)),
+        "mistral": (transformers.MistralConfig, dict(tie_word_embeddings=False)),
+        "qwen3": (transformers.Qwen3Config, dict(tie_word_embeddings=True, head_dim=24)),
+        "qwen3_moe": (
+            transformers.Qwen3MoeConfig,
+            dict(tie_word_embeddings=False, num_hidden_layers=3, num_experts=8, num_experts_per_tok=2,
+                 moe_intermediate_size=48, norm_topk_prob=True, mlp_only_layers=[1], head_dim=24),
+        ),
+        "mixtral": (transformers.MixtralConfig, dict(tie_word_embeddings=False, num_local_experts=4,
+                                                     num_experts_per_tok=2)),
+    }
+    config_class, family_overrides = family[arch]
+    return config_class(**{**common, **family_overrides, **overrides})
+
+
+def build_tiny_model(path: Path, arch: str, tokenizer, max_shard_size: str | None = None, **overrides) -> Path:
+    """Saves a random-weight model of the given family as a Hugging Face directory (sharded
+    when `max_shard_size` is given). A large initializer range makes logits peaked, so
+    greedy decoding has clear winners."""
+    from transformers import AutoModelForCausalLM
+
     torch.manual_seed(1234)
-    if arch == "llama":
-        model = LlamaForCausalLM(LlamaConfig(tie_word_embeddings=False, **common))
-    elif arch == "qwen2":
-        model = Qwen2ForCausalLM(Qwen2Config(tie_word_embeddings=True, **common))
+    model = AutoModelForCausalLM.from_config(tiny_config(arch, tokenizer, **overrides), dtype=torch.float32)
+    if max_shard_size is None:
+        model.save_pretrained(path)
     else:
-        raise ValueError(arch)
-    model.save_pretrained(path)
+        model.save_pretrained(path, max_shard_size=max_shard_size)
     tokenizer.save_pretrained(path)
     return path
 
@@ -57,3 +78,21 @@ def tiny_llama_dir(tmp_path_factory, smollm_tokenizer) -> Path:
 @pytest.fixture(scope="session")
 def tiny_qwen2_dir(tmp_path_factory, smollm_tokenizer) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("tiny-qwen2"), "qwen2", smollm_tokenizer)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_dir(tmp_path_factory, smollm_tokenizer) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-qwen3"), "qwen3", smollm_tokenizer)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_moe_dir(tmp_path_factory, smollm_tokenizer) -> Path:
+    """Sharded, as real MoE checkpoints are: model.safetensors.index.json plus shards."""
+    return build_tiny_model(
+        tmp_path_factory.mktemp("tiny-qwen3-moe"), "qwen3_moe", smollm_tokenizer, max_shard_size="2MB"
+    )
+
+
+@pytest.fixture(scope="session")
+def tiny_mixtral_dir(tmp_path_factory, smollm_tokenizer) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-mixtral"), "mixtral", smollm_tokenizer)

@@ -32,7 +32,10 @@ def mixed_prompts(seed: int, shared_len: int = 37) -> list[list[int]]:
     return prompts
 
 
-@pytest.mark.parametrize("arch_fixture", ["tiny_llama_dir", "tiny_qwen2_dir"])
+@pytest.mark.parametrize(
+    "arch_fixture",
+    ["tiny_llama_dir", "tiny_qwen2_dir", "tiny_qwen3_dir", "tiny_qwen3_moe_dir", "tiny_mixtral_dir"],
+)
 def test_greedy_matches_transformers_with_cache_hits_and_chunked_prefill(arch_fixture, request):
     model_dir = request.getfixturevalue(arch_fixture)
     prompts = mixed_prompts(0)

@@ -1,0 +1,121 @@
+"""Our forward pass for the decoder-only families we run (Llama, Mistral, Qwen2, Qwen3,
+Qwen3-MoE, Mixtral) over the paged KV pool.
+
+Tokens of all sequences in a step are laid back to back ("flat"): decode rows first (one
+token per sequence), then the new tokens of extending sequences. Linear layers run on all of
+them at once; only attention looks at which sequence a row belongs to. A layer is
+`h += attn(norm(h)); h += mlp(norm(h))`, where the MLP is dense or a sparse mixture of
+experts (engine/model/moe.py) — the families differ only in the parts' options, which the
+ModelSpec carries.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from preheat.engine.kernels import attention
+from preheat.engine.model.layers import Attention, AttentionMetadata, DenseMLP, StepContext, rms_norm
+from preheat.engine.model.moe import SparseMoE
+from preheat.engine.model.rope import RotaryEmbedding
+from preheat.engine.model.spec import ModelSpec
+
+__all__ = ["AttentionMetadata", "DecoderLayer", "DecoderModel", "padded_rows"]
+
+
+def padded_rows(n: int) -> int:
+    """Row count the CPU matmuls run at. oneDNN builds (and caches) a kernel per matrix shape,
+    and building one costs ~2-5 ms per weight shape: with mixed batches every step would
+    have a new row count. Rounding up to buckets keeps the set of shapes small and cached;
+    buckets of 16 up to a default prefill chunk (512) waste at most 15 rows where the
+    chunk-sized steps of a new turn land (rounding 444 rows up to 512 cost ~20% there)."""
+    if n <= 16:
+        return 1 << (n - 1).bit_length()
+    if n <= 512:
+        return -(-n // 16) * 16
+    return -(-n // 64) * 64
+
+
+class DecoderLayer:
+    def __init__(
+        self, input_norm: torch.Tensor, attn: Attention, post_norm: torch.Tensor, mlp: DenseMLP | SparseMoE, eps: float
+    ) -> None:
+        self.input_norm, self.attn, self.post_norm, self.mlp, self.eps = input_norm, attn, post_norm, mlp, eps
+
+    def weights(self) -> list[torch.Tensor]:
+        return [self.input_norm, self.post_norm, *self.attn.weights(), *self.mlp.weights()]
+
+    def forward(self, h: torch.Tensor, ctx: StepContext, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+        h = h + self.attn.forward(rms_norm(h, self.input_norm, self.eps), ctx, k_cache, v_cache)
+        return h + self.mlp.forward(rms_norm(h, self.post_norm, self.eps))
+
+
+class DecoderModel:
+    """Embedding, layers, final norm and LM head; runs one flat batch per call."""
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        embed: torch.Tensor,
+        layers: list[DecoderLayer],
+        norm: torch.Tensor,
+        lm_head: torch.Tensor,
+        rope: RotaryEmbedding,
+        graphs_off_reason: str | None = None,
+    ) -> None:
+        self.spec = spec
+        self.embed, self.layers, self.norm, self.lm_head, self.rope = embed, layers, norm, lm_head, rope
+        # Why decode cannot be captured in a CUDA graph (the runner adds it to its own
+        # reasons), e.g. experts on the torch path, which syncs with the host.
+        self.graphs_off_reason = graphs_off_reason
+        # What one decode step reads from memory: every matrix and norm once (the embedding
+        # is a lookup of a few rows; tied, it is read in full as the LM head). With experts
+        # this is an upper bound: a step reads only the experts its tokens chose.
+        seen: set[int] = set()
+        self.step_weight_bytes = 0
+        for t in [norm, lm_head, *(w for layer in layers for w in layer.weights())]:
+            if id(t) not in seen:
+                seen.add(id(t))
+                self.step_weight_bytes += t.numel() * t.element_size()
+        self.pad_rows = embed.device.type == "cpu"  # cuBLAS has no per-shape build cost
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, meta: AttentionMetadata, kv_pool) -> torch.Tensor:
+        """Returns final hidden states [T, hidden] (after the last norm)."""
+        rows = input_ids.shape[0]
+        pad = padded_rows(rows) - rows if self.pad_rows else 0
+        positions = meta.positions
+        if pad:  # padding rows run through the matmuls only; attention never sees them
+            input_ids = F.pad(input_ids, (0, pad))
+            positions = F.pad(positions, (0, pad))
+        h = F.embedding(input_ids, self.embed)
+        cos, sin = self.rope(positions)
+        ctx = StepContext(
+            meta=meta,
+            rows=rows,
+            padded_rows=rows + pad,
+            cos=cos,
+            sin=sin,
+            prepared_decode=(
+                attention.prepare_decode(meta.decode_page_table, meta.decode_seq_lens, kv_pool.page_size)
+                if meta.num_decode
+                else None
+            ),
+            prepared_extend=(
+                attention.prepare_extend(
+                    meta.extend_page_table, meta.extend_prefix_lens, meta.extend_lens, kv_pool.page_size
+                )
+                if meta.extend_lens
+                else None
+            ),
+        )
+        for index, layer in enumerate(self.layers):
+            h = layer.forward(h, ctx, kv_pool.k(index), kv_pool.v(index))
+        return rms_norm(h[:rows], self.norm, self.spec.rms_norm_eps)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        rows = hidden.shape[0]
+        pad = padded_rows(rows) - rows if self.pad_rows else 0
+        if pad:
+            hidden = F.pad(hidden, (0, 0, 0, pad))
+        return F.linear(hidden, self.lm_head)[:rows].to(torch.float32)
