@@ -96,8 +96,15 @@ def main(argv: list[str]) -> int:
         stream=sys.stderr,
     )
     from preheat.engine.metrics import default_metrics
+    from preheat.engine.model.families import UnsupportedModelError
+    from preheat.engine.model.preflight import check_supported
     from preheat.engine.warmup_templates import TemplateError
 
+    try:
+        check_supported(config.model)  # config.json or the GGUF header only: milliseconds
+    except UnsupportedModelError as e:  # say so now, not after the server is up
+        print(f"preheat serve: error: --model {config.model}: {e}", file=sys.stderr)
+        return 2
     try:
         warm = warm_start(config, default_metrics())
     except TemplateError as e:  # an operator's config error: say so now, before loading

@@ -11,7 +11,7 @@ import importlib
 
 import torch
 
-from preheat.engine.kernels import triton_attention, triton_kv
+from preheat.engine.kernels import triton_attention, triton_kv, triton_moe
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -21,6 +21,9 @@ if DEVICE.type == "cpu":
     if not isinstance(triton_kv._write_kv_kernel, InterpretedFunction):
         triton_kv = importlib.reload(triton_kv)
         triton_attention = importlib.reload(triton_attention)
+    if not isinstance(triton_moe._grouped_gemm_kernel, InterpretedFunction):
+        triton_moe = importlib.reload(triton_moe)
     assert isinstance(triton_attention._decode_stage1, InterpretedFunction)
+    assert isinstance(triton_moe._grouped_gemm_kernel, InterpretedFunction)
 
-__all__ = ["DEVICE", "triton_attention", "triton_kv"]
+__all__ = ["DEVICE", "triton_attention", "triton_kv", "triton_moe"]
