@@ -234,11 +234,12 @@ def matmul_floor_ms(engine: Engine, rows: int, repeats: int = 5) -> float:
     with torch.inference_mode():
         for _ in range(repeats + 1):
             t0 = time.perf_counter()
-            for w in model.layers:
-                F.linear(x, w["qkv"], w["qkv_bias"])
-                F.linear(x, w["o"])
-                gate_up = F.linear(x, w["gate_up"])
-                F.linear(gate_up[:, : gate_up.shape[1] // 2].contiguous(), w["down"])
+            for layer in model.layers:  # a dense model (the embedded SmolLM2)
+                attn, mlp = layer.attn, layer.mlp
+                F.linear(x, attn.qkv, attn.qkv_bias)
+                F.linear(x, attn.o)
+                gate_up = F.linear(x, mlp.gate_up)
+                F.linear(gate_up[:, : gate_up.shape[1] // 2].contiguous(), mlp.down)
             F.linear(x, model.lm_head)
             best = min(best, time.perf_counter() - t0)
     return best * 1000

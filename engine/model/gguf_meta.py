@@ -5,6 +5,8 @@ objects: ~5 s for the embedded 135M model, most of it the 49k-entry vocabulary. 
 whether we can run a file needs three scalars (`general.architecture`, `general.name`,
 `<arch>.expert_count`), so this walks the key/value section and skips everything else by
 its length: milliseconds, cheap enough to check a --model before the server starts.
+(Recent transformers has a similar reader, but internal and absent from the 4.x releases
+pyproject.toml still accepts; this needs only the `gguf` package's constants.)
 Layout (GGUF v2/v3, little-endian): magic, u32 version, u64 tensor count, u64 kv count,
 then per kv: string key, u32 value type, value; a string is u64 length + bytes, an array
 u32 element type + u64 count + elements.
