@@ -45,3 +45,8 @@ def tiny_qwen3_moe_dir(tmp_path_factory, smollm_tokenizer) -> Path:
 @pytest.fixture(scope="session")
 def tiny_mixtral_dir(tmp_path_factory, smollm_tokenizer) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("tiny-mixtral"), "mixtral", smollm_tokenizer)
+
+
+@pytest.fixture(scope="session")
+def tiny_mistral_dir(tmp_path_factory, smollm_tokenizer) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-mistral"), "mistral", smollm_tokenizer)

@@ -349,3 +349,14 @@ def test_serve_refuses_an_unsupported_model_at_start_with_one_line_and_exit_2(tm
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"preheat serve: error: --model {model}: "), done.stderr
     assert reason in lines[0]
+
+
+def test_a_sliding_window_caps_the_context_for_mixtral_and_qwen3_as_for_mistral():
+    """Our attention is full attention: within the window it is what a sliding window computes."""
+    windowed = transformers.MixtralConfig(max_position_embeddings=32768, sliding_window=4096)
+    assert ModelSpec.from_hf_config(windowed).max_position_embeddings == 4096
+    assert ModelSpec.from_hf_config(transformers.MixtralConfig(sliding_window=None)).max_position_embeddings == 131072
+    qwen3 = transformers.Qwen3Config(max_position_embeddings=40960, use_sliding_window=True, sliding_window=4096)
+    assert ModelSpec.from_hf_config(qwen3).max_position_embeddings == 4096
+    unused = transformers.Qwen3Config(max_position_embeddings=40960, use_sliding_window=False, sliding_window=4096)
+    assert ModelSpec.from_hf_config(unused).max_position_embeddings == 40960

@@ -1,5 +1,6 @@
 """Greedy output is token-for-token what transformers' generate produces on the same
-weights in float32 — through prefix-cache hits, chunked prefill and preemption."""
+weights in float32 — through prefix-cache hits, chunked prefill and preemption — for every
+family we serve (tiny random-weight models: tests/tiny_models.py)."""
 
 from __future__ import annotations
 
@@ -34,7 +35,8 @@ def mixed_prompts(seed: int, shared_len: int = 37) -> list[list[int]]:
 
 @pytest.mark.parametrize(
     "arch_fixture",
-    ["tiny_llama_dir", "tiny_qwen2_dir", "tiny_qwen3_dir", "tiny_qwen3_moe_dir", "tiny_mixtral_dir"],
+    ["tiny_llama_dir", "tiny_qwen2_dir", "tiny_mistral_dir", "tiny_qwen3_dir", "tiny_qwen3_moe_dir",
+     "tiny_mixtral_dir"],
 )
 def test_greedy_matches_transformers_with_cache_hits_and_chunked_prefill(arch_fixture, request):
     model_dir = request.getfixturevalue(arch_fixture)
@@ -52,12 +54,14 @@ def test_greedy_matches_transformers_with_cache_hits_and_chunked_prefill(arch_fi
     assert llm.engine.stats().cached_tokens_total > 0
 
 
-def test_greedy_matches_transformers_under_preemption(tiny_llama_dir):
+@pytest.mark.parametrize("arch_fixture", ["tiny_llama_dir", "tiny_qwen3_moe_dir"])
+def test_greedy_matches_transformers_under_preemption(arch_fixture, request):
+    model_dir = request.getfixturevalue(arch_fixture)
     prompts = mixed_prompts(1)
-    expected = reference_greedy(tiny_llama_dir, prompts, 40)
+    expected = reference_greedy(model_dir, prompts, 40)
     # 48 pages of 4 tokens cannot hold all six sequences to the end: some are preempted
     # and recomputed.
-    llm = LLM(model=str(tiny_llama_dir), dtype="float32", page_size=4, max_total_tokens=192, chunked_prefill_size=64)
+    llm = LLM(model=str(model_dir), dtype="float32", page_size=4, max_total_tokens=192, chunked_prefill_size=64)
     results = llm.generate(prompts, SamplingParams(max_tokens=40, temperature=0))
     assert [r.token_ids for r in results] == expected
     assert llm.engine.stats().preemptions_total > 0
