@@ -46,11 +46,16 @@ def tiny_config(arch: str, tokenizer, **overrides):
 def build_tiny_model(path: Path, arch: str, tokenizer, max_shard_size: str | None = None, **overrides) -> Path:
     """Saves a random-weight model of the given family as a Hugging Face directory (sharded
     when `max_shard_size` is given). A large initializer range makes logits peaked, so
-    greedy decoding has clear winners."""
+    greedy decoding has clear winners; biases (Qwen2's q/k/v, Llama's optional ones) are
+    random too."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(1234)
     model = AutoModelForCausalLM.from_config(tiny_config(arch, tokenizer, **overrides), dtype=torch.float32)
+    with torch.no_grad():  # transformers starts biases at zero, where a misplaced one would not show
+        for name, param in model.named_parameters():
+            if name.endswith(".bias"):
+                param.normal_(std=0.25)
     if max_shard_size is None:
         model.save_pretrained(path)
     else:

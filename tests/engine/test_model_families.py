@@ -307,7 +307,8 @@ def test_a_qwen3_snapshot_cannot_restore_into_a_qwen3_moe_model(tmp_path, smollm
                               mlp_only_layers=[])  # fmt: skip
     kwargs = dict(dtype="float32", page_size=4, max_total_tokens=256)
     a, b = LLM(model=str(dense), **kwargs).engine, LLM(model=str(sparse), **kwargs).engine
-    assert fingerprint_difference(b.fingerprint, a.fingerprint) == "architecture: snapshot has 'qwen3', this engine 'qwen3_moe'"
+    difference = fingerprint_difference(b.fingerprint, a.fingerprint)
+    assert difference == "architecture: snapshot has 'qwen3', this engine 'qwen3_moe'"
     same_shapes = {k: v for k, v in a.fingerprint.items() if k not in ("architecture", "model_id")}
     assert same_shapes == {k: v for k, v in b.fingerprint.items() if k not in ("architecture", "model_id")}
 

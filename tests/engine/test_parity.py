@@ -116,3 +116,15 @@ def test_a_sliding_window_shorter_than_the_context_caps_the_context():
     unwindowed = MistralConfig(max_position_embeddings=32768, sliding_window=None)
     assert ModelSpec.from_hf_config(windowed).max_position_embeddings == 4096
     assert ModelSpec.from_hf_config(unwindowed).max_position_embeddings == 32768
+
+
+def test_llama_with_attention_and_mlp_biases_matches_transformers(tmp_path, smollm_tokenizer):
+    """`attention_bias` puts a bias on q/k/v and o_proj, `mlp_bias` on gate/up/down."""
+    from tiny_models import build_tiny_model
+
+    model_dir = build_tiny_model(tmp_path / "biased", "llama", smollm_tokenizer, attention_bias=True,
+                                 mlp_bias=True)  # fmt: skip
+    prompts = mixed_prompts(3)[:3]
+    expected = reference_greedy(model_dir, prompts, 12)
+    llm = LLM(model=str(model_dir), dtype="float32", page_size=4, max_total_tokens=1024)
+    assert [r.token_ids for r in llm.generate(prompts, SamplingParams(max_tokens=12, temperature=0))] == expected
