@@ -29,7 +29,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from .moe_align import BlockLayout, align_to_blocks
+from preheat.engine.kernels.moe_align import BlockLayout, align_to_blocks
 
 
 @triton.jit

@@ -14,7 +14,7 @@ in a CUDA graph; which one runs is chosen once, at build time, and handed in.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
-from tiny_models import build_tiny_model
 from test_parity import reference_greedy
+from tiny_models import build_tiny_model
 
 from preheat.engine import LLM, SamplingParams
 from preheat.engine.model.families import UnsupportedModelError
