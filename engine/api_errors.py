@@ -51,7 +51,7 @@ def from_validation_error(err: ValidationError) -> APIError:
         # Our own validators' messages, minus pydantic's prefix; a whole-request check that
         # names its parameter ("tools: ...") reports it as the param.
         msg = msg.removeprefix("Value error, ")
-        named = re.match(r"([a-z_]+(\.[a-z_]+)*): ", msg)
+        named = re.match(r"([a-z_]+(\.[a-z0-9_]+)*): ", msg)
         if param is None and named:
             param = named.group(1)
             return APIError(400, msg, param=param, code="invalid_value")

@@ -14,11 +14,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from preheat.engine.dtypes import MODEL_DTYPES
+from preheat.engine.tool_parsers import FORMATS
 
 DTYPES = ("auto", *MODEL_DTYPES)
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3")
 PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+TOOL_CALL_PARSERS = ("auto", *FORMATS)
 
 
 def _opt(help: str, default: Any = None, **extra: Any) -> Any:
@@ -89,6 +91,13 @@ class EngineConfig:
         "Seconds to let in-flight requests finish after SIGTERM.", 25.0, min=0.0
     )
     max_request_body_bytes: int = _opt("Largest accepted request body.", 4 * 1024 * 1024, min=1)
+    tool_call_parser: str = _opt(
+        "Format the model writes tool calls in (parsed out of its answers, and enforced by a "
+        "grammar): hermes (<tool_call> JSON; Hermes, Qwen) or llama3_json (Llama 3.x JSON). "
+        "auto: the one the chat template shows, else hermes.",
+        "auto",
+        choices=TOOL_CALL_PARSERS,
+    )
 
     # --- warm start ---
     warmup_templates: str | None = _opt(

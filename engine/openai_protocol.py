@@ -35,10 +35,25 @@ class TextPart(_Request):
     text: str
 
 
+class ToolCallFunction(_Request):
+    name: str
+    arguments: str = ""  # JSON text, as the API returned it
+
+
+class ToolCall(_Request):
+    """A call an assistant made earlier in the conversation, sent back as history."""
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
 class ChatMessage(_Request):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # assistant messages
+    tool_call_id: str | None = None  # tool messages: the call this result answers
 
     def text(self) -> str:
         if self.content is None:
@@ -46,6 +61,39 @@ class ChatMessage(_Request):
         if isinstance(self.content, str):
             return self.content
         return "".join(p.text for p in self.content)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The message as engine/chat_render.py takes it."""
+        out: dict[str, Any] = {"role": self.role, "content": self.text()}
+        if self.tool_calls:
+            out["tool_calls"] = [c.model_dump() for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.name is not None:
+            out["name"] = self.name
+        return out
+
+
+def _message_problem(messages: list[ChatMessage]) -> str | None:
+    """Tool turns must be shaped as OpenAI requires: calls only from the assistant, and each
+    tool result naming the call it answers."""
+    for i, m in enumerate(messages):
+        if m.tool_calls and m.role != "assistant":
+            return f"messages.{i}.tool_calls: only assistant messages carry tool_calls"
+        if m.role == "tool" and not m.tool_call_id:
+            return f"messages.{i}.tool_call_id: a tool message needs the id of the call it answers"
+    return None
+
+
+def _tools_problem(tools: Any, tool_choice: Any) -> str | None:
+    from preheat.engine.tool_calling import tool_choice_problem, tool_problems
+
+    problems = tool_problems(tools) if tools is not None else []
+    if problems:
+        return "{}: {}".format(*problems[0])
+    names = [t["function"]["name"] for t in tools or ()]
+    problem = tool_choice_problem(tool_choice, names)
+    return "{}: {}".format(*problem) if problem else None
 
 
 class JsonSchemaFormat(_Request):
@@ -118,17 +166,24 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     response_format: ResponseFormat | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    # Checked by hand (engine/tool_calling.py), as warmup templates are, so both refuse
+    # the same things with the same messages, each naming its parameter.
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
     functions: list[dict[str, Any]] | None = None  # the deprecated form of tools
+    function_call: Any = None
 
     @model_validator(mode="after")
-    def _no_tool_calls(self) -> ChatCompletionRequest:
-        # Answering as if no tools were offered would look like a model that chose not to
-        # call one; say plainly instead that this server does not do tool calling.
-        if (self.tools and self.tool_choice != "none") or self.functions:
-            raise ValueError("tools: tool/function calling is not supported by this server; "
-                             "omit tools (or set tool_choice to \"none\")")
+    def _tools_are_usable(self) -> ChatCompletionRequest:
+        if self.functions or self.function_call is not None:
+            # Answering as if no functions were offered would look like a model that chose
+            # not to call one; say plainly what to send instead.
+            raise ValueError("functions: the deprecated functions / function_call form is not "
+                             "supported; send tools and tool_choice instead")
+        problem = _message_problem(self.messages) or _tools_problem(self.tools, self.tool_choice)
+        if problem:
+            raise ValueError(problem)
         return self
 
     @property
@@ -175,6 +230,7 @@ class TokenizeRequest(_Request):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
+    tools: list[Any] | None = None  # messages only: rendered as a chat request renders them
     add_special_tokens: bool = True  # prompt only: the template writes its own
     add_generation_prompt: bool = True  # messages only
 
@@ -182,6 +238,9 @@ class TokenizeRequest(_Request):
     def _one_input(self) -> TokenizeRequest:
         if (self.prompt is None) == (self.messages is None):
             raise ValueError("prompt: give exactly one of prompt or messages")
+        problem = _message_problem(self.messages or []) or _tools_problem(self.tools, None)
+        if problem:
+            raise ValueError(problem)
         return self
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from preheat.engine.api_errors import APIError, error_body
 from preheat.engine.async_engine import AsyncEngine, EngineDead, EngineNotReady, RequestStream
+from preheat.engine.chat_render import ToolRendering, engine_tool_rendering, render_chat
 from preheat.engine.openai_protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -23,6 +24,8 @@ from preheat.engine.openai_protocol import (
     new_id,
     now,
 )
+from preheat.engine.tool_calling import ToolPlan, plan_tools, tool_structured_output
+from preheat.engine.tool_output import DeltaStream, chat_message, finish_reason
 
 
 @dataclass
@@ -67,16 +70,18 @@ class OpenAIServing:
 
     # ------------------------------------------------------------ prompts
 
+    @staticmethod
+    def tool_rendering(engine: Any) -> ToolRendering:
+        """How tools reach this model's prompt and which call format it answers in."""
+        return engine_tool_rendering(engine)
+
     def chat_prompt(self, engine: Any, req: ChatCompletionRequest | TokenizeRequest,
-                    add_generation_prompt: bool = True) -> list[int]:
-        conv = [
-            {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-            for m in req.messages or ()
-        ]
+                    add_generation_prompt: bool = True, plan: ToolPlan | None = None) -> list[int]:
+        messages = [m.as_dict() for m in req.messages or ()]
+        tools = plan.tools if plan is not None else None
         try:
-            text = engine.tokenizer.apply_chat_template(
-                conv, add_generation_prompt=add_generation_prompt, tokenize=False
-            )
+            text = render_chat(engine.tokenizer, messages, tools, self.tool_rendering(engine),
+                               add_generation_prompt)
             # The template already wrote the special tokens.
             return list(engine.tokenizer.encode(text, add_special_tokens=False))
         except Exception as e:
@@ -108,7 +113,8 @@ class OpenAIServing:
 
     # ------------------------------------------------------------ params
 
-    def sampling_params(self, engine: Any, req: Any, prompt_len: int, choice: int) -> Any:
+    def sampling_params(self, engine: Any, req: Any, prompt_len: int, choice: int,
+                        plan: ToolPlan | None = None) -> Any:
         from preheat.engine.sampling_params import SamplingParams, StructuredOutput
 
         max_len = int(engine.max_model_len)
@@ -125,6 +131,8 @@ class OpenAIServing:
                            f"tokens exceeds the context length of {max_len} tokens",
                            param="max_tokens", code="context_length_exceeded")
         structured = _structured(req, StructuredOutput)
+        if plan is not None:
+            structured = tool_structured_output(plan, self.tool_rendering(engine).fmt, structured)
         if isinstance(req, ChatCompletionRequest):
             logprobs = (req.top_logprobs or 0) if req.logprobs else None
         else:
@@ -153,13 +161,14 @@ class OpenAIServing:
 
     # ------------------------------------------------------------ submit
 
-    def submit(self, engine: Any, req: Any, prompts: list[list[int]], prefix: str) -> list[Submitted]:
+    def submit(self, engine: Any, req: Any, prompts: list[list[int]], prefix: str,
+               plan: ToolPlan | None = None) -> list[Submitted]:
         """Adds prompts x n requests to the engine; on any refusal, withdraws the others."""
         subs: list[Submitted] = []
         try:
             for p_idx, ids in enumerate(prompts):
                 for c in range(req.n):
-                    params = self.sampling_params(engine, req, len(ids), c)
+                    params = self.sampling_params(engine, req, len(ids), c, plan)
                     rid = self.aengine.new_request_id(prefix)
                     stream = self.aengine.submit(ids, params, rid)
                     subs.append(Submitted(p_idx * req.n + c, ids, stream))
@@ -174,19 +183,22 @@ class OpenAIServing:
     async def chat(self, req: ChatCompletionRequest) -> dict | AsyncIterator[str]:
         engine = self._engine()  # not ready: 503 first, the model name is not known yet
         self.check_model(req.model)
-        ids = self.chat_prompt(engine, req)
-        subs = self.submit(engine, req, [ids], "chatcmpl")
+        plan = plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls)
+        ids = self.chat_prompt(engine, req, plan=plan)
+        subs = self.submit(engine, req, [ids], "chatcmpl", plan)
         rid, created = new_id("chatcmpl"), now()
+        fmt = self.tool_rendering(engine).fmt
         if req.stream:
-            return self._chat_stream(engine, req, subs, rid, created)
+            return self._chat_stream(engine, req, subs, rid, created, [DeltaStream(plan, fmt) for _ in subs])
         finals = await _collect(subs)
         choices = []
         for s, out in zip(subs, finals):
+            message, reason = chat_message(out.text, out.finish_reason, plan, fmt)
             choices.append({
                 "index": s.index,
-                "message": {"role": "assistant", "content": out.text, "refusal": None},
+                "message": message,
                 "logprobs": _chat_logprobs(engine, out) if req.logprobs else None,
-                "finish_reason": out.finish_reason,
+                "finish_reason": reason,
             })
         return {
             "id": rid, "object": "chat.completion", "created": created, "model": self.model_name,
@@ -195,7 +207,7 @@ class OpenAIServing:
         }
 
     async def _chat_stream(self, engine: Any, req: ChatCompletionRequest, subs: list[Submitted],
-                           rid: str, created: int) -> AsyncIterator[str]:
+                           rid: str, created: int, deltas: list[DeltaStream]) -> AsyncIterator[str]:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
         def chunk(choices: list[dict], usage: dict | None = None) -> str:
@@ -211,15 +223,21 @@ class OpenAIServing:
                           "logprobs": None, "finish_reason": None}])
         finals: dict[int, Any] = {}
         try:
+            by_index = dict(zip((s.index for s in subs), deltas))
             async for s, out in _merge(subs):
                 lp = _chat_logprobs(engine, out, new_only=True) if req.logprobs else None
-                if out.new_text or (lp and lp["content"]):
-                    yield chunk([{"index": s.index, "delta": {"content": out.new_text},
-                                  "logprobs": lp, "finish_reason": None}])
+                stream = by_index[s.index]
+                pieces = stream.feed(out.new_text, out.finished)
+                if not pieces and lp and lp["content"]:
+                    pieces = [{"content": ""}]
+                for delta in pieces:  # logprobs ride on the first chunk of the step
+                    yield chunk([{"index": s.index, "delta": delta, "logprobs": lp,
+                                  "finish_reason": None}])
+                    lp = None
                 if out.finished:
                     finals[s.index] = out
                     yield chunk([{"index": s.index, "delta": {}, "logprobs": None,
-                                  "finish_reason": out.finish_reason}])
+                                  "finish_reason": finish_reason(out.finish_reason, stream.has_calls)}])
         except (EngineDead, EngineNotReady) as e:
             yield _sse(error_body(500, f"engine failed: {e}", code="engine_dead"))
             yield "data: [DONE]\n\n"
@@ -239,7 +257,7 @@ class OpenAIServing:
         if req.model is not None:
             self.check_model(req.model)
         if req.messages is not None:
-            ids = self.chat_prompt(engine, req, req.add_generation_prompt)
+            ids = self.chat_prompt(engine, req, req.add_generation_prompt, plan_tools(req.tools))
         else:
             ids = list(engine.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens))
         return {"count": len(ids), "max_model_len": int(engine.max_model_len), "tokens": ids}
@@ -352,7 +370,10 @@ def _as_api_error(e: BaseException, req: Any) -> BaseException:
     from preheat.engine.structured import InvalidGrammar  # lazy: xgrammar and torch load with the engine
 
     if isinstance(e, InvalidGrammar):
-        param = "regex" if req.regex is not None else "response_format"
+        if str(e).startswith("invalid structural_tag"):
+            param = "tools"  # only tool calling builds structural tags
+        else:
+            param = "regex" if req.regex is not None else "response_format"
         return APIError(400, str(e), param=param, code="invalid_grammar")
     if isinstance(e, EngineNotReady):
         return APIError(503, f"engine is not ready (phase: {e})", code="not_ready")

@@ -5,13 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-STRUCTURED_KINDS = ("regex", "json_schema", "json_object")
+STRUCTURED_KINDS = ("regex", "json_schema", "json_object", "structural_tag")
 
 
 @dataclass(frozen=True)
 class StructuredOutput:
     """A constraint on the generated text. `spec` is the regex, the JSON schema (a JSON
-    string or a dict), or None for `json_object` (any JSON object)."""
+    string or a dict), None for `json_object` (any JSON object), or an xgrammar structural
+    tag (a JSON string or a dict; tool calls, see engine/tool_calling.py)."""
 
     kind: str
     spec: Any = None

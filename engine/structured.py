@@ -1,4 +1,4 @@
-"""Structured output: compile regex / JSON-schema grammars and mask logits with them.
+"""Structured output: compile regex / JSON-schema / structural-tag grammars and mask logits.
 
 xgrammar does the work (JSON-schema compile in milliseconds, mask fill in ~0.1 ms). This file
 owns the seam described in docs/engine-internals.md:
@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import torch
 import xgrammar as xgr
 
-KINDS = ("regex", "json_schema", "json_object")
+KINDS = ("regex", "json_schema", "json_object", "structural_tag")
 
 # A JSON object with any keys; strict mode in xgrammar only closes *declared* objects.
 _ANY_OBJECT_SCHEMA = '{"type": "object"}'
@@ -120,12 +120,14 @@ class GrammarBackend:
         try:
             if kind == "regex":
                 return self._compiler.compile_regex(key)
+            if kind == "structural_tag":
+                return self._compiler.compile_structural_tag(key)
             # No free whitespace: a small model can otherwise pad with spaces until max_tokens.
             strict = kind == "json_schema"
             return self._compiler.compile_json_schema(
                 key, any_whitespace=False, strict_mode=strict
             )
-        except RuntimeError as e:
+        except (RuntimeError, ValueError) as e:  # a structural tag is also checked by pydantic
             raise InvalidGrammar(f"invalid {kind}: {_one_line(e)}") from None
 
 
@@ -144,7 +146,13 @@ def _canonical(structured: StructuredSpec) -> tuple[str, str]:
         try:
             spec = json.loads(spec)
         except json.JSONDecodeError as e:
-            raise InvalidGrammar(f"invalid json_schema: not JSON ({e})") from None
+            raise InvalidGrammar(f"invalid {kind}: not JSON ({e})") from None
+    if kind == "structural_tag":
+        if not isinstance(spec, dict):
+            raise InvalidGrammar("invalid structural_tag: must be a JSON object")
+        # Key order is kept: it is the order the grammar makes the model write properties in.
+        # Equal tools build equal tags (tool_calling.tool_grammar), so the cache still hits.
+        return kind, json.dumps(spec, separators=(",", ":"), ensure_ascii=False)
     if not isinstance(spec, (dict, bool)):
         raise InvalidGrammar("invalid json_schema: must be a JSON object")
     _check_schema(spec)

@@ -14,6 +14,7 @@ logged and skipped: the templates were valid, the pod must still become ready.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections import Counter
@@ -21,7 +22,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from preheat.engine import chat_render
+from preheat.engine.chat_render import ToolRendering, engine_tool_rendering
 from preheat.engine.sampling_params import SamplingParams, StructuredOutput
+from preheat.engine.tool_calling import ToolPlan, plan_tools, tool_structured_output
 from preheat.engine.warmup_templates import ChatMessage, PinnedPrefix, WarmupPlan, WarmupRequest, filler_token_ids
 
 log = logging.getLogger(__name__)
@@ -29,16 +33,25 @@ log = logging.getLogger(__name__)
 # A user turn appended to a system message to find which of its tokens every conversation
 # shares (the chat template may change how the system block ends once a user turn follows).
 _PROBE_USER = "Hello"
+_OTHER_PROBE_USER = "Thanks"
 
 
 # --------------------------------------------------------------------------- prompts (pure)
 
 
-def chat_prompt_ids(tokenizer: Any, messages: Sequence[ChatMessage | dict]) -> list[int]:
-    """Token ids of a chat request, as engine/openai_serving.py `chat_prompt` builds them."""
+def _plan(req: WarmupRequest) -> ToolPlan | None:
+    if req.tools is None:
+        return None
+    choice = json.loads(req.tool_choice) if req.tool_choice is not None else None
+    return plan_tools(json.loads(req.tools), choice, req.parallel_tool_calls)
+
+
+def chat_prompt_ids(tokenizer: Any, messages: Sequence[ChatMessage | dict],
+                    tools: Sequence[dict] | None = None, rendering: ToolRendering | None = None) -> list[int]:
+    """Token ids of a chat request, as engine/openai_serving.py `chat_prompt` builds them
+    (engine/chat_render.py renders both; `tools` as a ToolPlan holds them)."""
     conv = [m if isinstance(m, dict) else {"role": m.role, "content": m.content} for m in messages]
-    text = tokenizer.apply_chat_template(conv, add_generation_prompt=True, tokenize=False)
-    return list(tokenizer.encode(text, add_special_tokens=False))
+    return chat_render.chat_prompt_ids(tokenizer, conv, tools, rendering)
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> list[int]:
@@ -50,8 +63,17 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> list[int]:
     return list(a[:n])
 
 
-def chat_pin_ids(tokenizer: Any, system: str) -> list[int]:
-    """The tokens every conversation with this system message starts with."""
+def chat_pin_ids(tokenizer: Any, system: str | None, tools: Sequence[dict] | None = None,
+                 rendering: ToolRendering | None = None) -> list[int]:
+    """The tokens every conversation with this system message (and these tools) starts with."""
+    if tools:
+        # The tool section may sit in the system block or be the whole of it: what two
+        # different first user turns share is what every conversation shares.
+        head = [{"role": "system", "content": system}] if system is not None else []
+        a, b = ([*head, {"role": "user", "content": probe}] for probe in (_PROBE_USER, _OTHER_PROBE_USER))
+        return common_prefix(chat_prompt_ids(tokenizer, a, tools, rendering),
+                             chat_prompt_ids(tokenizer, b, tools, rendering))
+    assert system is not None
     alone = tokenizer.encode(
         tokenizer.apply_chat_template([{"role": "system", "content": system}], tokenize=False),
         add_special_tokens=False,
@@ -68,24 +90,35 @@ def text_pin_ids(tokenizer: Any, text: str) -> list[int]:
     return list(tokenizer.encode(text))[:-1]
 
 
-def pin_ids(tokenizer: Any, pin: PinnedPrefix) -> list[int]:
-    return chat_pin_ids(tokenizer, pin.text) if pin.kind == "chat" else text_pin_ids(tokenizer, pin.text)
+def pin_ids(tokenizer: Any, pin: PinnedPrefix, rendering: ToolRendering | None = None) -> list[int]:
+    if pin.kind == "chat":
+        tools = plan_tools(json.loads(pin.tools)) if pin.tools else None
+        return chat_pin_ids(tokenizer, pin.text, tools.tools if tools else None, rendering)
+    assert pin.text is not None
+    return text_pin_ids(tokenizer, pin.text)
 
 
-def request_ids(tokenizer: Any, req: WarmupRequest, salt: int) -> list[int]:
+def request_ids(tokenizer: Any, req: WarmupRequest, salt: int, rendering: ToolRendering | None = None) -> list[int]:
     if req.messages is not None:
-        return chat_prompt_ids(tokenizer, req.messages)
+        plan = _plan(req)
+        return chat_prompt_ids(tokenizer, req.messages, plan.tools if plan else None, rendering)
     if req.prompt is not None:
         return list(tokenizer.encode(req.prompt))  # as /v1/completions encodes a string prompt
     assert req.prompt_tokens is not None
     return filler_token_ids(lambda t: tokenizer.encode(t, add_special_tokens=False), req.prompt_tokens, salt)
 
 
-def request_params(req: WarmupRequest) -> SamplingParams:
+def request_params(req: WarmupRequest, rendering: ToolRendering | None = None) -> SamplingParams:
+    """As the server sets them, grammar included: a tool grammar is built by the same
+    function from the same tools, so it is the very text the compile cache is keyed by."""
     structured = None
     if req.structured is not None:
         spec = req.structured.spec if req.structured.kind != "json_object" else None
         structured = StructuredOutput(req.structured.kind, spec)
+    plan = _plan(req)
+    if plan is not None:
+        assert rendering is not None, "a request with tools needs the engine's tool rendering"
+        structured = tool_structured_output(plan, rendering.fmt, structured)
     # A fixed seed: warmup is reproducible from one start to the next.
     return SamplingParams(max_tokens=req.max_tokens, temperature=req.temperature, seed=0,
                           structured=structured)
@@ -161,13 +194,14 @@ async def run_warmup(aengine: Any, plan: WarmupPlan, metrics: Any) -> WarmupRepo
     """Runs the plan on `aengine` (started, phase "warming"); returns what was warmed."""
     engine = aengine.engine
     tok = engine.tokenizer
+    rendering = engine_tool_rendering(engine)
     began = time.monotonic()
     report = WarmupReport({})
     for note in plan.notes:
         log.info("warmup plan: %s", note)
 
     # 1. Pins: prefill each prefix (one batch), then pin what got cached.
-    pins = [(p, pin_ids(tok, p)) for p in plan.pins]
+    pins = [(p, pin_ids(tok, p, rendering)) for p in plan.pins]
     finals = await _run_batch(
         aengine, [(p.template, ids, SamplingParams(max_tokens=1, temperature=0)) for p, ids in pins if ids]
     )
@@ -195,7 +229,7 @@ async def run_warmup(aengine: Any, plan: WarmupPlan, metrics: Any) -> WarmupRepo
         items = []
         for req in wave.requests:
             salt += 1
-            items.append((req.template, request_ids(tok, req, salt), request_params(req)))
+            items.append((req.template, request_ids(tok, req, salt, rendering), request_params(req, rendering)))
         outs = await _run_batch(aengine, items)
         for req, (_, ids, _), out in zip(wave.requests, items, outs):
             rep = report.for_template(req.template)
@@ -211,6 +245,9 @@ async def run_warmup(aengine: Any, plan: WarmupPlan, metrics: Any) -> WarmupRepo
             rep.concurrency.add(wave.concurrency)
             if req.structured is not None:
                 rep.grammars.add(req.structured.kind)
+            tool_plan = _plan(req)
+            if tool_plan is not None and tool_plan.active:
+                rep.grammars.add(f"tools:{tool_plan.mode}")
             rep.prompt_tokens += len(ids)
             rep.cached_tokens += int(out.cached_tokens or 0) if out is not None else 0
 

@@ -77,6 +77,9 @@ class WarmupTemplate:
     concurrency: tuple[int, ...] = DEFAULT_CONCURRENCY
     max_tokens: int = DEFAULT_MAX_TOKENS
     temperature: float = 0.0
+    tools: str | None = None  # the OpenAI `tools` list as JSON text (hashable, order kept)
+    tool_choices: tuple[str, ...] = ()  # each `tool_choice` to warm, as JSON text
+    parallel_tool_calls: bool = True
 
 
 # --------------------------------------------------------------------------- the plan
@@ -86,11 +89,14 @@ class WarmupTemplate:
 class PinnedPrefix:
     """A prefix to keep hot. kind "chat": render `[{"role": "system", "content": text}]` with the
     chat template (no generation prompt) and tokenize; kind "text": tokenize `text` as is.
-    The engine pins the page-aligned part of the resulting tokens."""
+    The engine pins the page-aligned part of the resulting tokens. With `tools` (JSON text) a
+    chat pin is what every conversation offering those tools starts with (the tool section is
+    part of the system prompt), and `text` may be None (no system message of its own)."""
 
     template: str
     kind: Literal["chat", "text"]
-    text: str
+    text: str | None
+    tools: str | None = None
 
 
 @dataclass(frozen=True)
@@ -105,6 +111,9 @@ class WarmupRequest:
     structured: StructuredSpec | None = None
     max_tokens: int = DEFAULT_MAX_TOKENS
     temperature: float = 0.0
+    tools: str | None = None  # chat only: the tools offered, JSON text
+    tool_choice: str | None = None  # JSON text of the request's tool_choice
+    parallel_tool_calls: bool = True
 
     @property
     def kind(self) -> str:
@@ -138,7 +147,7 @@ _TOP_KEYS = ("templates",)
 _TEMPLATE_KEYS = (
     "name", "description", "system", "pin_system", "prefix", "pin_prefix", "pin",
     "conversations", "prompts", "structured", "prompt_lengths", "concurrency",
-    "max_tokens", "temperature",
+    "max_tokens", "temperature", "tools", "tool_choice", "parallel_tool_calls",
 )  # fmt: skip
 _MESSAGE_KEYS = ("role", "content")
 
@@ -307,6 +316,55 @@ def _parse_structured(c: _Checker, raw: Any, path: str) -> StructuredSpec | None
     return StructuredSpec("json_schema", json.dumps(value, sort_keys=True, separators=(",", ":")))
 
 
+def _api_path(path: str, param: str) -> str:
+    """A tool checker's `tools.1.function.name` as this file writes paths: `tools[1].function.name`."""
+    rel = re.sub(r"\.(\d+)", r"[\1]", param)
+    return f"{path}.{rel}" if path else rel
+
+
+def _parse_tools(c: _Checker, t: dict, path: str) -> tuple[str | None, tuple[str, ...], bool]:
+    """`tools`, `tool_choice` (one value or a list of them) and `parallel_tool_calls`, checked
+    by the same code as the API's (engine/tool_calling.py), so a template is refused for
+    exactly what a request would be."""
+    from preheat.engine.tool_calling import tool_choice_problem, tool_problems
+
+    parallel = True
+    if "parallel_tool_calls" in t:
+        parallel = c.boolean(t["parallel_tool_calls"], _join(path, "parallel_tool_calls"))
+        parallel = True if parallel is None else parallel
+    if "tools" not in t:
+        for key in ("tool_choice", "parallel_tool_calls"):
+            if key in t:
+                c.err(_join(path, key), "needs tools")
+        return None, (), parallel
+    tools = t["tools"]
+    if not isinstance(tools, list) or not tools:
+        c.err(_join(path, "tools"), "expected a non-empty list of tools")
+        return None, (), parallel
+    problems = tool_problems(tools)
+    for param, message in problems:
+        c.err(_join(path, _api_path("", param)), message)
+    if problems:
+        return None, (), parallel
+    names = [tool["function"]["name"] for tool in tools]
+    raw = t.get("tool_choice", ["auto"])
+    choices = raw if isinstance(raw, list) else [raw]
+    if not choices:
+        c.err(_join(path, "tool_choice"), "must list at least one choice")
+    seen: list[str] = []
+    for i, choice in enumerate(choices):
+        where = _join(path, f"tool_choice[{i}]" if isinstance(raw, list) else "tool_choice")
+        problem = tool_choice_problem(choice, names)
+        if problem:
+            at, message = problem  # "tool_choice" or "tool_choice.allowed_tools.tools.0"
+            c.err(where + _api_path("", at)[len("tool_choice"):], message)
+            continue
+        text = json.dumps(choice, sort_keys=True)
+        if text not in seen:
+            seen.append(text)
+    return json.dumps(tools, separators=(",", ":")), tuple(seen), parallel
+
+
 def _parse_list(c: _Checker, t: dict, key: str, path: str, parse_item) -> tuple:
     if key not in t:
         return ()
@@ -357,6 +415,7 @@ def _parse_template(c: _Checker, raw: Any, path: str) -> WarmupTemplate | None:
     ladder = _parse_list(c, t, "concurrency", path, lambda v, p: c.integer(v, p, 1, MAX_CONCURRENCY))
     if "concurrency" in t and isinstance(t["concurrency"], list) and not t["concurrency"]:
         c.err(_join(path, "concurrency"), "must list at least one batch size")
+    tools, tool_choices, parallel = _parse_tools(c, t, path)
 
     if len(c.problems) > before:
         return None
@@ -366,13 +425,17 @@ def _parse_template(c: _Checker, raw: Any, path: str) -> WarmupTemplate | None:
     if structured and not (convos or prompts):
         c.err(_join(path, "structured"), "needs conversations or prompts to run the grammars with")
         return None
+    if tools and not convos:
+        c.err(_join(path, "tools"), "needs conversations to offer the tools in (prompts are not chats)")
+        return None
     assert name is not None
     return WarmupTemplate(
         name=name, source=c.source, description=description, system=system,
         pin_system=pin_system, prefix=prefix, pin_prefix=pin_prefix, pin=pins,
         conversations=convos, prompts=prompts, structured=structured,
         prompt_lengths=lengths, concurrency=tuple(sorted(set(ladder))) or DEFAULT_CONCURRENCY,
-        max_tokens=max_tokens, temperature=temperature,
+        max_tokens=max_tokens, temperature=temperature, tools=tools, tool_choices=tool_choices,
+        parallel_tool_calls=parallel,
     )  # fmt: skip
 
 
@@ -459,24 +522,30 @@ def _turns(template: WarmupTemplate, convo: tuple[ChatMessage, ...]) -> list[tup
 
 def template_requests(template: WarmupTemplate) -> list[WarmupRequest]:
     """The distinct requests of one template, each to run at least once.
-    Structured specs are crossed with the conversations and prompts, so every grammar is
-    compiled and exercised on the inputs it is meant for."""
-    base: list[dict[str, Any]] = []
+    Structured specs are crossed with the conversations and prompts, and tool choices with
+    the conversations, so every grammar is compiled and exercised on the inputs it is meant for."""
+    chats: list[dict[str, Any]] = []
     for convo in template.conversations:
-        base += [{"messages": turn} for turn in _turns(template, convo)]
-    for prompt in template.prompts:
-        base.append({"prompt": (template.prefix or "") + prompt})
+        chats += [{"messages": turn} for turn in _turns(template, convo)]
+    prompts = [{"prompt": (template.prefix or "") + prompt} for prompt in template.prompts]
     grammars: Sequence[StructuredSpec | None] = template.structured or (None,)
     common = {"template": template.name, "max_tokens": template.max_tokens, "temperature": template.temperature}
-    out = [WarmupRequest(**common, **b, structured=g) for g in grammars for b in base]
+    tool_sets: list[dict[str, Any]] = [
+        {"tools": template.tools, "tool_choice": choice, "parallel_tool_calls": template.parallel_tool_calls}
+        for choice in template.tool_choices
+    ] or [{}]
+    out = []
+    for g in grammars:
+        out += [WarmupRequest(**common, **b, **tl, structured=g) for tl in tool_sets for b in chats]
+        out += [WarmupRequest(**common, **b, structured=g) for b in prompts]
     out += [WarmupRequest(**common, prompt_tokens=n) for n in template.prompt_lengths]
     return out
 
 
 def template_pins(template: WarmupTemplate) -> list[PinnedPrefix]:
     pins: list[PinnedPrefix] = []
-    if template.system is not None and template.pin_system:
-        pins.append(PinnedPrefix(template.name, "chat", template.system))
+    if (template.system is not None or template.tools) and template.pin_system:
+        pins.append(PinnedPrefix(template.name, "chat", template.system, template.tools))
     if template.prefix is not None and template.pin_prefix:
         pins.append(PinnedPrefix(template.name, "text", template.prefix))
     pins += [PinnedPrefix(template.name, "text", p) for p in template.pin]
@@ -503,12 +572,12 @@ def build_plan(
     """
     notes: list[str] = []
     pins: list[PinnedPrefix] = []
-    seen_pins: set[tuple[str, str]] = set()
+    seen_pins: set[tuple[str, str | None, str | None]] = set()
     requests: list[WarmupRequest] = []
     for t in templates:
         for p in template_pins(t):
-            if (p.kind, p.text) not in seen_pins:  # two templates may share one system prompt
-                seen_pins.add((p.kind, p.text))
+            if (p.kind, p.text, p.tools) not in seen_pins:  # templates may share a system prompt
+                seen_pins.add((p.kind, p.text, p.tools))
                 pins.append(p)
         requests += template_requests(t)
 
