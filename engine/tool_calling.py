@@ -176,12 +176,13 @@ def plan_tools(tools: list[dict] | None, tool_choice: Any = None, parallel: bool
 
 
 def _normalized(tool: dict) -> dict[str, Any]:
-    """The tool as templates and prompts see it: type, name, description, parameters."""
+    """The tool as templates and prompts see it: type, name, description, parameters (in
+    canonical key order, see canonical_schema)."""
     fn = tool["function"]
     out: dict[str, Any] = {"name": fn["name"]}
     if fn.get("description"):
         out["description"] = fn["description"]
-    out["parameters"] = fn.get("parameters") or {"type": "object", "properties": {}}
+    out["parameters"] = canonical_schema(fn.get("parameters") or {"type": "object", "properties": {}})
     return {"type": "function", "function": out}
 
 
@@ -202,15 +203,24 @@ _SUBSCHEMA = ("items", "additionalProperties", "not", "if", "then", "else", "con
 _SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
 
 
+# Keys a reader expects first (as JSON Schema is usually written); the rest follow sorted.
+_KEY_ORDER = ("type", "title", "description", "enum", "const", "properties", "items", "required",
+              "additionalProperties")
+
+
+def _key_rank(key: str) -> tuple[int, str]:
+    return (_KEY_ORDER.index(key), "") if key in _KEY_ORDER else (len(_KEY_ORDER), key)
+
+
 def canonical_schema(schema: Any) -> Any:
-    """The schema with every key sorted except the order of `properties`, which is the order
-    the grammar makes the model write them in. Two clients that serialise one tool with keys
-    in another order (or a warmup template written by hand) then build the same grammar text,
-    which is the compile cache's key."""
+    """The schema with its keys in one fixed order, except the order of `properties`, which
+    is the order the grammar makes the model write them in. Two clients that serialise one
+    tool with keys in another order (or a warmup template written by hand) then get the same
+    prompt (a prefix-cache hit) and the same grammar text (the compile cache's key)."""
     if not isinstance(schema, dict):
         return schema
     out: dict[str, Any] = {}
-    for key in sorted(schema):
+    for key in sorted(schema, key=_key_rank):
         value = schema[key]
         if key == "properties" and isinstance(value, dict):
             value = {name: canonical_schema(sub) for name, sub in value.items()}

@@ -150,13 +150,24 @@ def test_bad_logit_bias(http, bias, fragment):
     assert fragment in err["message"]
 
 
-def test_tool_calling_is_refused_rather_than_silently_ignored(http):
-    tool = {"type": "function", "function": {"name": "lookup_order", "parameters": {"type": "object"}}}
-    err = assert_error(http.post(CHAT, json={**GOOD_CHAT, "tools": [tool]}), 400, param="tools")
-    assert "not supported" in err["message"]
-    # Offering tools while forbidding their use is just a chat request.
+def test_the_deprecated_functions_form_is_refused_rather_than_silently_ignored(http):
+    fn = {"name": "lookup_order", "parameters": {"type": "object"}}
+    err = assert_error(http.post(CHAT, json={**GOOD_CHAT, "functions": [fn]}), 400, param="functions")
+    assert "send tools" in err["message"]
+    # tools themselves are served (tests/server/test_tools_api.py); "none" is a plain chat.
+    tool = {"type": "function", "function": fn}
     r = http.post(CHAT, json={**GOOD_CHAT, "tools": [tool], "tool_choice": "none"})
     assert r.status_code == 200, r.text
+    assert "tool_calls" not in r.json()["choices"][0]["message"]
+
+
+def test_a_tool_grammar_xgrammar_cannot_build_is_a_400_naming_tools(http):
+    # Passes the meta-schema, but its reference leads nowhere.
+    tool = {"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}}}
+    err = assert_error(http.post(CHAT, json={**GOOD_CHAT, "tools": [tool], "tool_choice": "required"}), 400,
+                       param="tools", code="invalid_grammar")
+    assert "structural_tag" in err["message"]
 
 
 @pytest.mark.parametrize("extra, param", [({"best_of": 3}, "best_of"), ({"suffix": " end."}, "suffix")])

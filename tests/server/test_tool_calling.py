@@ -146,11 +146,13 @@ def test_grammar_shapes_per_choice():
     assert llama_auto["type"] == "or"  # calls only, or text that never opens one
 
 
-def test_canonical_schema_sorts_keys_but_keeps_property_order():
+def test_canonical_schema_fixes_key_order_but_keeps_property_order():
     a = {"type": "object", "required": ["b"], "properties": {"b": {"type": "string", "maxLength": 3}, "a": {}}}
     b = {"properties": {"b": {"maxLength": 3, "type": "string"}, "a": {}}, "required": ["b"], "type": "object"}
     assert json.dumps(canonical_schema(a)) == json.dumps(canonical_schema(b))
+    assert list(canonical_schema(b)) == ["type", "properties", "required"]
     assert list(canonical_schema(a)["properties"]) == ["b", "a"]
+    assert list(canonical_schema(a)["properties"]["b"]) == ["type", "maxLength"]
     plan_a = plan_tools([fn("f", parameters=a)])
     plan_b = plan_tools([fn("f", parameters=b)])
     fmt = get_format("hermes")

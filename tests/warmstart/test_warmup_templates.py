@@ -48,6 +48,9 @@ def test_the_shipped_templates_load_and_cover_the_three_business_shapes():
     assert any(s.kind == "regex" for t in templates.values() for s in t.structured)
     rag = templates["rag-travel-policy"]
     assert rag.prefix and len(rag.prefix.split()) > 300 and len(rag.prompts) >= 3
+    agent = templates["support-agent"]
+    assert agent.tools and len(json.loads(agent.tools)) >= 3
+    assert [json.loads(c) for c in agent.tool_choices] == ["auto", "required"]
 
 
 def test_the_shipped_plan_pins_the_shared_prefixes_and_runs_every_batch_size():
@@ -350,3 +353,70 @@ def test_filler_prompts_have_the_exact_length_and_different_salts_diverge_at_onc
 
 def test_structured_spec_is_hashable_so_equal_grammars_compile_once():
     assert len({StructuredSpec("regex", "a"), StructuredSpec("regex", "a")}) == 1
+
+
+# --------------------------------------------------------------------------- tools
+
+TOOLS_YAML = """
+name: agent
+system: Be brief.
+tools:
+  - type: function
+    function:
+      name: lookup
+      parameters: {type: object, properties: {id: {type: string}}, required: [id]}
+  - {type: function, function: {name: ping}}
+tool_choice: [auto, required, {type: function, function: {name: ping}}, auto]
+parallel_tool_calls: false
+conversations:
+  - - {role: user, content: q1}
+"""
+
+
+def test_tools_and_each_tool_choice_are_kept_in_order_without_duplicates():
+    (t,) = parse(TOOLS_YAML)
+    assert [tool["function"]["name"] for tool in json.loads(t.tools)] == ["lookup", "ping"]
+    assert [json.loads(c) for c in t.tool_choices] == [
+        "auto", "required", {"type": "function", "function": {"name": "ping"}}]
+    assert t.parallel_tool_calls is False
+    (one,) = parse("name: a\nconversations: [[{role: user, content: q}]]\n"
+                   "tools: [{type: function, function: {name: f}}]\n")
+    assert one.tool_choices == ('"auto"',)  # OpenAI's default when tools are offered
+
+
+def test_tool_choices_cross_the_conversations_and_the_tools_join_the_pinned_system_prompt():
+    (t,) = parse(TOOLS_YAML)
+    reqs = template_requests(t)
+    assert [(r.messages[-1].content, json.loads(r.tool_choice)) for r in reqs] == [
+        ("q1", "auto"), ("q1", "required"), ("q1", {"type": "function", "function": {"name": "ping"}})]
+    assert all(r.tools == t.tools and r.parallel_tool_calls is False for r in reqs)
+    assert build_plan([t]).pins == (PinnedPrefix("agent", "chat", "Be brief.", t.tools),)
+    (bare,) = parse(TOOLS_YAML.replace("system: Be brief.\n", ""))
+    assert build_plan([bare]).pins == (PinnedPrefix("agent", "chat", None, bare.tools),)  # the tool section alone
+
+
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        (("name: ping}", "name: lookup}"), "t.yaml: tools[1].function.name: duplicate tool name 'lookup'"),
+        (("{type: string}", "{type: strin}"),
+         "t.yaml: tools[0].function.parameters: not a valid JSON schema at /properties/id/type"),
+        (("- {type: function, function: {name: ping}}", "- {type: custom, custom: {name: ping}}"),
+         "t.yaml: tools[1].type: only function tools are supported"),
+        (("{name: ping}}, auto]", "{name: pong}}, auto]"), "t.yaml: tool_choice[2]: names function 'pong'"),
+        (("tool_choice: [auto,", "tool_choice: [sometimes,"), "t.yaml: tool_choice[0]: must be one of"),
+        (("parallel_tool_calls: false", "parallel_tool_calls: 2"), "t.yaml: parallel_tool_calls: expected true or false"),
+        (("conversations:\n  - - {role: user, content: q1}", "prompts: [q1]"),
+         "t.yaml: tools: needs conversations"),
+    ],
+)
+def test_bad_tools_in_a_template_are_named_by_their_path(change, expected):
+    old, new = change
+    assert old in TOOLS_YAML
+    found = problems(TOOLS_YAML.replace(old, new))
+    assert any(p.startswith(expected) for p in found), found
+
+
+def test_tool_choice_without_tools_is_an_error():
+    found = problems("name: a\nconversations: [[{role: user, content: q}]]\ntool_choice: required\n")
+    assert found == ["t.yaml: tool_choice: needs tools"]
