@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Sequence
+from typing import Any
 
 from preheat.engine.tool_parsers import DEFAULT_FORMAT, ToolFormat, get_format
 

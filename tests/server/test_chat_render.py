@@ -7,6 +7,7 @@ import copy
 import json
 
 import pytest
+from tool_templates import LLAMA_LIKE, QWEN_LIKE
 
 from preheat.engine.chat_render import (
     ToolRendering,
@@ -17,7 +18,6 @@ from preheat.engine.chat_render import (
 )
 from preheat.engine.tool_calling import plan_tools
 from preheat.engine.tool_parsers import get_format
-from tool_templates import LLAMA_LIKE, QWEN_LIKE
 
 TOOLS = plan_tools([{"type": "function", "function": {
     "name": "get_weather", "description": "Current weather",

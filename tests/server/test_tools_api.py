@@ -15,7 +15,6 @@ import json
 import jsonschema
 import openai
 import pytest
-
 from server_process import MODEL
 
 pytestmark = pytest.mark.slow

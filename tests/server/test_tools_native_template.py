@@ -12,7 +12,6 @@ import jsonschema
 import openai
 import pytest
 import torch
-
 from server_process import start_server
 from tool_templates import LLAMA_LIKE
 

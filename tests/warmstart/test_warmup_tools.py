@@ -67,10 +67,15 @@ async def test_tool_grammars_and_the_tool_prompt_are_warm_before_ready(tmp_path)
                     {"role": "user", "content": "Can you check order NW-55501234 for me?"}]
         shared = chat_pin_ids(engine.tokenizer, template["system"], plan_tools(template["tools"]).tools,
                               engine_tool_rendering(engine))
-        for choice in ("auto", "required"):
-            r = await client.chat.completions.create(model=engine.served_model_name, messages=messages,
-                                                     tools=tools, tool_choice=choice, max_tokens=4, temperature=0)
-            cached = r.usage.prompt_tokens_details.cached_tokens
+        args = dict(model=engine.served_model_name, messages=messages, tools=tools, max_tokens=4, temperature=0)
+        r = await client.chat.completions.create(**args, tool_choice="auto")
+        usages = [r.usage]
+        stream = await client.chat.completions.create(**args, tool_choice="required", stream=True,
+                                                      stream_options={"include_usage": True})
+        usages += [chunk.usage async for chunk in stream if chunk.usage is not None]
+        assert len(usages) == 2
+        for usage in usages:
+            cached = usage.prompt_tokens_details.cached_tokens
             assert cached >= len(shared) - config.page_size, (cached, len(shared))
         assert backend.cache_misses == compiled, "a request compiled a grammar warmup should have"
         assert backend.cache_hits == hits + 2
