@@ -204,7 +204,7 @@ def test_required_under_random_logits_gives_only_valid_calls(backend, tokenizer,
     assert_valid_calls(parsed.calls, plan.allowed)
 
 
-@pytest.mark.parametrize("seed", range(2))
+@pytest.mark.parametrize("seed", range(1))
 def test_a_named_choice_under_random_logits_calls_that_function_validly(backend, tokenizer, seed):
     fmt = get_format("hermes")
     plan = plan_tools(TOOLS, {"type": "function", "function": {"name": "lookup_order"}})
@@ -224,7 +224,7 @@ def test_parallel_required_calls_are_each_valid(backend, tokenizer):
     assert_valid_calls(parsed.calls, plan.allowed)
 
 
-@pytest.mark.parametrize("seed", range(2))
+@pytest.mark.parametrize("seed", range(1))
 def test_auto_constrains_a_call_once_the_trigger_is_written(backend, tokenizer, seed):
     fmt = get_format("hermes")
     plan = plan_tools([ORDER], "auto", parallel=False)
@@ -256,6 +256,7 @@ def test_auto_with_a_response_format_is_calls_or_that_format(backend, tokenizer)
     fmt = get_format("hermes")
     schema = {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}}, "required": ["answer"]}
     structured = tool_structured_output(plan_tools([PING]), fmt, StructuredOutput("json_schema", schema))
+    branches = set()
     for seed in range(3):
         text = sample(backend, tokenizer, structured, seed)
         parsed = fmt.parse(text)
@@ -263,6 +264,8 @@ def test_auto_with_a_response_format_is_calls_or_that_format(backend, tokenizer)
             assert parsed.content is None and {c.name for c in parsed.calls} == {"ping"}
         else:
             jsonschema.validate(json.loads(text), schema)
+        branches.add(bool(parsed.calls))
+    assert branches == {True, False}, "the seeds should reach both branches"
 
 
 def test_tool_grammars_are_cached_like_any_other(backend):
