@@ -22,6 +22,11 @@ class OperatorConfig:
     # long; kopf's own default is 60 s.
     peering_lifetime: int = 20
     resync_seconds: float = 30.0  # level-triggered: every service is reconciled this often
+    # The built-in autoscaler (metric.type Engine): how often it scrapes and decides (the
+    # HPA controller's --horizontal-pod-autoscaler-sync-period is 15 s), and how long one
+    # pod's /metrics may take before it counts as missing.
+    autoscale_interval: float = 15.0
+    metrics_timeout: float = 2.0
     liveness: str | None = None  # e.g. http://0.0.0.0:8080/healthz
     log_level: str = "info"
     extra: dict[str, str] = field(default_factory=dict)
@@ -68,6 +73,12 @@ def parse_args(argv: list[str]) -> OperatorConfig:
                         "crashed active replica blocks the standbys (at least 15).")
     p.add_argument("--resync-seconds", type=float, default=float(_env("RESYNC_SECONDS", "30")),
                    help="Re-reconcile every service at least this often.")
+    p.add_argument("--autoscale-interval", type=float,
+                   default=float(_env("AUTOSCALE_INTERVAL", "15")),
+                   help="Seconds between decisions of the built-in autoscaler "
+                        "(autoscaling.metric.type Engine).")
+    p.add_argument("--metrics-timeout", type=float, default=float(_env("METRICS_TIMEOUT", "2")),
+                   help="Seconds one pod's /metrics may take before it counts as missing.")
     p.add_argument("--liveness", default=_env("LIVENESS"),
                    help="Liveness endpoint, e.g. http://0.0.0.0:8080/healthz.")
     p.add_argument("--log-level", default=_env("LOG_LEVEL", "info"),
@@ -83,11 +94,15 @@ def parse_args(argv: list[str]) -> OperatorConfig:
         namespaces = (own or "default",)
     if a.resync_seconds <= 0:
         p.error("--resync-seconds must be positive")
+    if a.autoscale_interval <= 0 or a.metrics_timeout <= 0:
+        p.error("--autoscale-interval and --metrics-timeout must be positive")
     if a.peering_lifetime < 15:
         # kopf renews 5-10 s before expiry: shorter leaves no margin for a slow API call.
         p.error("--peering-lifetime must be at least 15 seconds")
     return OperatorConfig(namespaces=namespaces, all_namespaces=a.all_namespaces,
                           peering=a.peering, standalone=a.standalone or not a.peering,
                           priority=a.priority, peering_lifetime=a.peering_lifetime,
-                          resync_seconds=a.resync_seconds, liveness=a.liveness,
+                          resync_seconds=a.resync_seconds,
+                          autoscale_interval=a.autoscale_interval,
+                          metrics_timeout=a.metrics_timeout, liveness=a.liveness,
                           log_level=a.log_level)

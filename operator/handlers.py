@@ -3,6 +3,9 @@
 One daemon per InferenceService runs reconcile() in a loop — on every change of the
 resource or of one of its pods (a nudge), and at least every resync_seconds — so one
 service is never reconciled twice at once and a missed event is healed by the resync.
+A second daemon, only for services with `autoscaling.metric.type: Engine`, runs the
+built-in autoscaler every autoscale_interval seconds; kopf starts and stops it as the
+spec enters and leaves that mode.
 """
 
 from __future__ import annotations
@@ -12,8 +15,10 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
 import kopf
 
+from preheat.operator.autoscaler import AutoscalerMemory, autoscale
 from preheat.operator.config import OperatorConfig
 from preheat.operator.kube import ApiError, Kube
 from preheat.operator.reconcile import reconcile
@@ -24,6 +29,7 @@ from preheat.operator.resources import GROUP, LABEL_SERVICE, PLURAL, VERSION
 class _Shared:
     credentials: kopf.ConnectionInfo | None = None
     kube: Kube | None = None
+    http: httpx.AsyncClient | None = None  # scrapes engine /metrics (Engine autoscaling)
     nudges: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
 
 
@@ -40,6 +46,13 @@ class OperatorState:
                 raise RuntimeError("not logged in yet")
             self.shared.kube = Kube(self.shared.credentials)
         return self.shared.kube
+
+    def http(self) -> httpx.AsyncClient:
+        if self.shared.http is None:
+            # trust_env off: a proxy set for the API server must not sit between us and pods.
+            self.shared.http = httpx.AsyncClient(trust_env=False,
+                                                 timeout=self.config.metrics_timeout)
+        return self.shared.http
 
     def forget_client(self) -> None:
         self.shared.kube = None  # rebuilt with the latest credentials on next use
@@ -75,6 +88,8 @@ def login(memo: OperatorState, **kwargs: Any) -> kopf.ConnectionInfo | None:
 async def close(memo: OperatorState, **_: Any) -> None:
     if memo.shared.kube is not None:
         await memo.shared.kube.close()
+    if memo.shared.http is not None:
+        await memo.shared.http.aclose()
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
@@ -124,3 +139,25 @@ async def _sleep_until_nudged(wake: asyncio.Event, stopped: kopf.DaemonStopped,
     finally:
         for w in waiters:
             w.cancel()
+
+
+def _engine_mode(spec: Any, **_: Any) -> bool:
+    metric = ((spec or {}).get("autoscaling") or {}).get("metric") or {}
+    return metric.get("type") == "Engine"
+
+
+@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10, when=_engine_mode)
+async def autoscale_loop(memo: OperatorState, stopped: kopf.DaemonStopped, namespace: str,
+                         name: str, logger: Any, **_: Any) -> None:
+    memory = AutoscalerMemory()
+    never = asyncio.Event()
+    while not stopped:
+        try:
+            await autoscale(memo.client(), memo.http(), namespace, name, memory, _post_event,
+                            scrape_timeout=memo.config.metrics_timeout, logger=logger)
+        except (ApiError, OSError, RuntimeError, asyncio.TimeoutError) as e:
+            if isinstance(e, ApiError) and e.status == 401:
+                memo.forget_client()
+            logger.warning(f"autoscaling pass failed, next in "
+                           f"{memo.config.autoscale_interval:.0f}s: {e}")
+        await _sleep_until_nudged(never, stopped, memo.config.autoscale_interval)

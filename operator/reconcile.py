@@ -25,6 +25,7 @@ from preheat.operator.decide import (
 )
 from preheat.operator.kube import STRATEGIC, ApiError, Kube
 from preheat.operator.pods import view
+from preheat.operator.quantity import parse_quantity
 from preheat.operator.resources import (
     CONFIGMAPS,
     HPAS,
@@ -88,6 +89,23 @@ async def _ensure_snapshot_claim(kube: Kube, name: str, ns: str, uid: str,
     return (claim.get("status") or {}).get("phase")
 
 
+def _contains(have: Any, want: Any) -> bool:
+    """Whether `have` (as the API server returns it) already holds everything in `want`. The
+    server adds defaults (an HPA's behavior policies) and canonicalises quantities ("0.8"
+    comes back as "800m"), so plain equality would patch on every pass."""
+    if isinstance(want, dict):
+        return isinstance(have, dict) and all(_contains(have.get(k), v) for k, v in want.items())
+    if isinstance(want, list):
+        return isinstance(have, list) and len(have) == len(want) and \
+            all(_contains(h, w) for h, w in zip(have, want))
+    if isinstance(want, str) and isinstance(have, (str, int, float)) and str(have) != want:
+        try:
+            return parse_quantity(have) == parse_quantity(want)
+        except ValueError:
+            return False
+    return have == want
+
+
 async def _ensure_autoscaler(kube: Kube, name: str, ns: str, uid: str, spec: ServiceSpec) -> None:
     want = render.autoscaler(name, ns, uid, spec)
     have = await kube.get(HPAS, ns, name)
@@ -96,7 +114,7 @@ async def _ensure_autoscaler(kube: Kube, name: str, ns: str, uid: str, spec: Ser
             await kube.delete(HPAS, ns, name)
     elif have is None:
         await kube.create(HPAS, ns, want)
-    elif {k: (have.get("spec") or {}).get(k) for k in want["spec"]} != want["spec"]:
+    elif not _contains(have.get("spec"), want["spec"]):
         await kube.patch(HPAS, ns, name, {"spec": want["spec"]})
 
 
@@ -175,6 +193,8 @@ async def reconcile(kube: Kube, namespace: str, name: str, events: EventSink,
     )
     previous = body.get("status") or {}
     status = compute(obs, render.selector_string(name), previous, _now())
+    if "autoscaling" in previous and not (spec and spec.autoscaling and spec.autoscaling.engine_mode):
+        status["autoscaling"] = None  # the built-in autoscaler's last word no longer applies
     if any(previous.get(k) != v for k, v in status.items()):
         await kube.patch(INFERENCE_SERVICES, namespace, name, {"status": status},
                          subresource="status")

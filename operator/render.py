@@ -227,14 +227,30 @@ def snapshot_claim(name: str, namespace: str, uid: str, spec: ServiceSpec) -> di
     }
 
 
+def external_metric_selector(name: str) -> dict[str, Any]:
+    """The label selector an External metric carries: Prometheus labels that the chart's
+    PodMonitor copies from the pod labels (podTargetLabels: preheat.dev/service and
+    preheat.dev/role, sanitised to preheat_dev_service / preheat_dev_role), so the adapter
+    sums the gauge over this service's serving pods only."""
+    return {"matchLabels": {"preheat_dev_service": name, "preheat_dev_role": ROLE_SERVING}}
+
+
 def autoscaler(name: str, namespace: str, uid: str, spec: ServiceSpec) -> dict[str, Any] | None:
+    """The HPA for Resource/Pods/External metrics; None without autoscaling and in Engine
+    mode, where the operator itself sets spec.replicas through /scale."""
     auto = spec.autoscaling
-    if auto is None:
+    if auto is None or auto.engine_mode:
         return None
     m = auto.metric
     if m.type == "Resource":
         metric = {"type": "Resource", "resource": {"name": m.name, "target": {
             "type": "Utilization", "averageUtilization": m.target_average_utilization}}}
+    elif m.type == "External":
+        # AverageValue: the HPA divides the adapter's sum over the serving pods by the
+        # current replicas, i.e. the same per-pod average as the Pods route.
+        metric = {"type": "External", "external": {
+            "metric": {"name": m.name, "selector": external_metric_selector(name)},
+            "target": {"type": "AverageValue", "averageValue": m.target_average_value}}}
     else:
         metric = {"type": "Pods", "pods": {"metric": {"name": m.name}, "target": {
             "type": "AverageValue", "averageValue": m.target_average_value}}}
@@ -248,5 +264,10 @@ def autoscaler(name: str, namespace: str, uid: str, spec: ServiceSpec) -> dict[s
             "minReplicas": auto.min_replicas,
             "maxReplicas": auto.max_replicas,
             "metrics": [metric],
+            # The same stabilization windows the Engine mode applies (and the HPA's defaults).
+            "behavior": {
+                "scaleUp": {"stabilizationWindowSeconds": auto.scale_up_stabilization_seconds},
+                "scaleDown": {"stabilizationWindowSeconds": auto.scale_down_stabilization_seconds},
+            },
         },
     }

@@ -12,6 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from preheat.operator.autoscale import ENGINE_METRICS
+from preheat.operator.quantity import parse_quantity
+
+METRIC_TYPES = ("Engine", "Pods", "External", "Resource")
 
 class SpecError(ValueError):
     def __init__(self, reason: str, message: str) -> None:
@@ -51,7 +55,9 @@ class SnapshotSpec:
 
 @dataclass(frozen=True)
 class MetricSpec:
-    type: str  # "Resource" or "Pods"
+    # "Engine": the operator scrapes the engine gauge `name` from the Ready serving pods and
+    # scales itself (no HPA); "Pods" / "External" / "Resource": an HPA with that metric.
+    type: str
     name: str
     target_average_utilization: int | None = None
     target_average_value: str | None = None
@@ -62,6 +68,13 @@ class AutoscalingSpec:
     min_replicas: int
     max_replicas: int
     metric: MetricSpec
+    # The HPA's behavior.scaleUp/scaleDown.stabilizationWindowSeconds, with its defaults.
+    scale_up_stabilization_seconds: int = 0
+    scale_down_stabilization_seconds: int = 300
+
+    @property
+    def engine_mode(self) -> bool:
+        return self.metric.type == "Engine"
 
 
 @dataclass(frozen=True)
@@ -90,6 +103,51 @@ def _nonneg(value: Any, what: str) -> int:
     return value
 
 
+def _parse_autoscaling(auto: Mapping[str, Any]) -> AutoscalingSpec:
+    metric = auto.get("metric") or {}
+    target = metric.get("targetAverageValue")
+    autoscaling = AutoscalingSpec(
+        min_replicas=_nonneg(auto.get("minReplicas", 1), "autoscaling.minReplicas"),
+        max_replicas=_nonneg(auto.get("maxReplicas", 0), "autoscaling.maxReplicas"),
+        metric=MetricSpec(
+            type=metric.get("type", ""),
+            name=metric.get("name", ""),
+            target_average_utilization=metric.get("targetAverageUtilization"),
+            target_average_value=None if target is None else str(target),
+        ),
+        scale_up_stabilization_seconds=_nonneg(
+            auto.get("scaleUpStabilizationSeconds", 0), "autoscaling.scaleUpStabilizationSeconds"),
+        scale_down_stabilization_seconds=_nonneg(
+            auto.get("scaleDownStabilizationSeconds", 300),
+            "autoscaling.scaleDownStabilizationSeconds"),
+    )
+    if autoscaling.min_replicas > autoscaling.max_replicas:
+        raise SpecError("InvalidAutoscaling", "autoscaling.minReplicas must be <= maxReplicas")
+    if autoscaling.max_replicas < 1:
+        raise SpecError("InvalidAutoscaling", "autoscaling.maxReplicas must be >= 1")
+    m = autoscaling.metric
+    if m.type not in METRIC_TYPES or not m.name:
+        raise SpecError("InvalidAutoscaling",
+                        f"autoscaling.metric needs a type ({'|'.join(METRIC_TYPES)}) and a name")
+    if m.type == "Resource" and m.target_average_utilization is None:
+        raise SpecError("InvalidAutoscaling", "a Resource metric needs targetAverageUtilization")
+    if m.type != "Resource":
+        if m.target_average_value is None:
+            raise SpecError("InvalidAutoscaling", f"a {m.type} metric needs targetAverageValue")
+        try:
+            value = parse_quantity(m.target_average_value)
+        except ValueError:
+            value = 0.0
+        if not value > 0:
+            raise SpecError("InvalidAutoscaling",
+                            f"targetAverageValue {m.target_average_value!r} must be a positive "
+                            "quantity, e.g. 4, \"0.8\" or 800m")
+    if m.type == "Engine" and m.name not in ENGINE_METRICS:
+        raise SpecError("InvalidAutoscaling",
+                        f"an Engine metric is one of {', '.join(ENGINE_METRICS)}; got {m.name!r}")
+    return autoscaling
+
+
 def parse_spec(spec: Mapping[str, Any]) -> ServiceSpec:
     model = spec.get("model") or {}
     chosen = [k for k in ("path", "pvc", "uri") if model.get(k)]
@@ -104,31 +162,7 @@ def parse_spec(spec: Mapping[str, Any]) -> ServiceSpec:
     auto = spec.get("autoscaling")
     autoscaling = None
     if auto:
-        metric = auto.get("metric") or {}
-        autoscaling = AutoscalingSpec(
-            min_replicas=_nonneg(auto.get("minReplicas", 1), "autoscaling.minReplicas"),
-            max_replicas=_nonneg(auto.get("maxReplicas", 0), "autoscaling.maxReplicas"),
-            metric=MetricSpec(
-                type=metric.get("type", ""),
-                name=metric.get("name", ""),
-                target_average_utilization=metric.get("targetAverageUtilization"),
-                target_average_value=(
-                    None if metric.get("targetAverageValue") is None
-                    else str(metric["targetAverageValue"])
-                ),
-            ),
-        )
-        if autoscaling.min_replicas > autoscaling.max_replicas:
-            raise SpecError("InvalidAutoscaling", "autoscaling.minReplicas must be <= maxReplicas")
-        if autoscaling.max_replicas < 1:
-            raise SpecError("InvalidAutoscaling", "autoscaling.maxReplicas must be >= 1")
-        m = autoscaling.metric
-        if m.type == "Resource" and m.target_average_utilization is None:
-            raise SpecError("InvalidAutoscaling", "a Resource metric needs targetAverageUtilization")
-        if m.type == "Pods" and m.target_average_value is None:
-            raise SpecError("InvalidAutoscaling", "a Pods metric needs targetAverageValue")
-        if m.type not in ("Resource", "Pods") or not m.name:
-            raise SpecError("InvalidAutoscaling", "autoscaling.metric needs type Resource|Pods and a name")
+        autoscaling = _parse_autoscaling(auto)
     templates = spec.get("warmupTemplates") or {}
     return ServiceSpec(
         model=ModelSource(

@@ -50,6 +50,10 @@ app.kubernetes.io/component: operator
 - apiGroups: [serving.preheat.dev]
   resources: [inferenceservices/status]
   verbs: [patch]
+# The built-in autoscaler (metric.type Engine) sets replicas where an HPA would: /scale.
+- apiGroups: [serving.preheat.dev]
+  resources: [inferenceservices/scale]
+  verbs: [patch]
 - apiGroups: [""]
   resources: [pods]
   verbs: [list, watch, create, patch, delete]

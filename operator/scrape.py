@@ -1,0 +1,65 @@
+"""Reading one engine gauge from the pods' /metrics: a thin async shell around httpx.
+
+Every pod is asked at once with a short timeout, so one hung pod delays a scrape round by
+at most the timeout and never the others; a pod that does not answer (or answers without
+the gauge) is reported as None, which the decision treats as the HPA treats a pod with a
+missing metric. The operator reaches pods directly at podIP:port, as Prometheus does; it
+must therefore run inside the cluster network (the Helm chart's Deployment does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from typing import Any, Mapping
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+log = logging.getLogger(__name__)
+DEFAULT_PORT = 8000  # the engine port (DESIGN.md), when the container names none
+
+
+def metrics_url(pod: Mapping[str, Any]) -> str | None:
+    """http://<podIP>:<the container's port named http>/metrics, or None without an IP."""
+    ip = (pod.get("status") or {}).get("podIP")
+    if not ip:
+        return None
+    port = DEFAULT_PORT
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        for p in container.get("ports") or []:
+            if p.get("name") == "http" and p.get("containerPort"):
+                port = int(p["containerPort"])
+    host = f"[{ip}]" if ":" in ip else ip  # IPv6
+    return f"http://{host}:{port}/metrics"
+
+
+def parse_gauge(text: str, metric: str) -> float | None:
+    """The value of an unlabelled gauge in Prometheus text format (None when absent)."""
+    for family in text_string_to_metric_families(text):
+        if family.name != metric:
+            continue
+        for sample in family.samples:
+            if sample.name == metric and not sample.labels:
+                value = float(sample.value)
+                return value if math.isfinite(value) else None
+    return None
+
+
+async def _one(client: httpx.AsyncClient, url: str, metric: str, timeout: float) -> float | None:
+    try:
+        resp = await client.get(url, timeout=timeout)
+        resp.raise_for_status()
+        return parse_gauge(resp.text, metric)
+    except (httpx.HTTPError, ValueError) as e:  # ValueError: not Prometheus text
+        log.info("scraping %s failed: %s", url, e)
+        return None
+
+
+async def scrape(client: httpx.AsyncClient, urls: Mapping[str, str], metric: str,
+                 timeout: float) -> dict[str, float | None]:
+    """pod name -> the gauge's value (None: no answer or no such gauge), all pods at once."""
+    names = list(urls)
+    values = await asyncio.gather(*(_one(client, urls[n], metric, timeout) for n in names))
+    return dict(zip(names, values))

@@ -1,0 +1,257 @@
+"""The built-in autoscaler (autoscaling.metric.type Engine) with the real kopf operator
+against the emulated API server, and stand-in engines: each pod gets its own loopback IP
+with an HTTP server on the engine port that serves the engine's real metrics registry
+(preheat.engine.metrics.Metrics), whose gauges the test sets. The test plays the kubelet
+(pod IP, readiness) and the load; the operator must scrape only the Ready serving pods,
+set spec.replicas through /scale, promote warm pods, report its decision and post Events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import socket
+from typing import Any, AsyncIterator
+
+import kmock
+import kopf
+import pytest
+from aiohttp import web
+
+from kmock_apiserver import KubeAPIServer, write_kubeconfig
+from preheat.engine.metrics import Metrics
+from preheat.operator.config import OperatorConfig
+from preheat.operator.kube import STRATEGIC, Kube
+from preheat.operator.resources import HPAS, INFERENCE_SERVICES, PODS, Resource
+
+NS = "default"
+EVENTS = Resource("", "v1", "events")
+ENGINE_PORT = 8000
+pytestmark = pytest.mark.timeout(90)
+
+
+def free_loopback_ip(port: int = ENGINE_PORT) -> str:
+    """A 127.x.y.z address whose `port` is free: one 'pod IP' per fake engine."""
+    for _ in range(100):
+        ip = f"127.{random.randint(1, 254)}.{random.randint(0, 255)}.{random.randint(1, 254)}"
+        with socket.socket() as s:
+            try:
+                s.bind((ip, port))
+                return ip
+            except OSError:
+                continue
+    raise RuntimeError("no free loopback address")
+
+
+class FakeEngines:
+    """Plays the kubelet and the engines: every new pod gets an IP, a /metrics server and,
+    when the test says so, a Ready status."""
+
+    def __init__(self, kube: Kube) -> None:
+        self.kube = kube
+        self.metrics: dict[str, Metrics] = {}
+        self.ips: dict[str, str] = {}
+        self.scrapes: dict[str, int] = {}
+        self._runners: list[web.AppRunner] = []
+
+    async def start(self, pod: str) -> None:
+        if pod in self.metrics:
+            return
+        metrics = self.metrics[pod] = Metrics()
+        self.scrapes[pod] = 0
+
+        async def serve(_: web.Request) -> web.Response:
+            self.scrapes[pod] += 1
+            body, ctype = metrics.render()
+            return web.Response(body=body, headers={"Content-Type": ctype})
+        app = web.Application()
+        app.router.add_get("/metrics", serve)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        ip = self.ips[pod] = free_loopback_ip()
+        await web.TCPSite(runner, ip, ENGINE_PORT).start()
+        self._runners.append(runner)
+
+    async def ready(self, pod: str, ok: bool = True) -> None:
+        await self.start(pod)
+        cond = {"type": "ContainersReady", "status": "True" if ok else "False"}
+        await self.kube.patch(PODS, NS, pod, {"status": {
+            "phase": "Running", "podIP": self.ips[pod], "conditions": [cond]}},
+            subresource="status", content_type=STRATEGIC)
+
+    def load(self, pod: str, waiting: float) -> None:
+        self.metrics[pod].num_waiting.set(waiting)
+
+    async def close(self) -> None:
+        for r in self._runners:
+            await r.cleanup()
+
+
+@pytest.fixture
+async def cluster(tmp_path, monkeypatch) -> AsyncIterator[tuple[Kube, FakeEngines]]:
+    async with KubeAPIServer() as api, kmock.Server(api) as server:
+        monkeypatch.setenv("KUBECONFIG", str(write_kubeconfig(tmp_path, server.url)))
+        from preheat.operator import handlers
+
+        stop = asyncio.Event()
+        memo = handlers.OperatorState(config=OperatorConfig(
+            namespaces=(NS,), standalone=True, resync_seconds=1.0, autoscale_interval=0.2,
+            metrics_timeout=0.5))
+        operator = asyncio.create_task(kopf.operator(
+            standalone=True, namespaces=[NS], memo=memo, stop_flag=stop))
+        user = Kube(kopf.ConnectionInfo(server=str(server.url).rstrip("/")))
+        engines = FakeEngines(user)
+        try:
+            yield user, engines
+        finally:
+            stop.set()
+            with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(operator, timeout=10)
+            await engines.close()
+            await user.close()
+        assert operator.cancelled() or operator.exception() is None
+
+
+async def eventually(check, timeout: float = 20.0) -> Any:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        try:
+            result = await check()
+            if result:
+                return result
+            error: Exception = AssertionError(f"{check.__name__} stayed {result!r}")
+        except AssertionError as e:
+            error = e
+        if asyncio.get_running_loop().time() > deadline:
+            raise error
+        await asyncio.sleep(0.1)
+
+
+async def pods_by_role(kube: Kube, name: str) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {"serving": [], "warm": []}
+    for p in await kube.list(PODS, NS, {"preheat.dev/service": name}):
+        out.setdefault(p["metadata"]["labels"]["preheat.dev/role"], []).append(p["metadata"]["name"])
+    return out
+
+
+def autoscaled(name: str, **auto: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "serving.preheat.dev/v1alpha1", "kind": "InferenceService",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"model": {}, "engine": {"image": "preheat/engine:dev"}, "replicas": 1,
+                 "warmPool": {"size": 1}, "snapshot": {"enabled": False},
+                 "autoscaling": {"minReplicas": 1, "maxReplicas": 3, "metric": {
+                     "type": "Engine", "name": "preheat_num_requests_waiting",
+                     "targetAverageValue": 2}, **auto}},
+    }
+
+
+async def test_engine_load_scales_up_by_promotion_and_back_down_after_the_window(cluster):
+    kube, engines = cluster
+    await kube.create(INFERENCE_SERVICES, NS, autoscaled(
+        "chat", scaleUpStabilizationSeconds=0, scaleDownStabilizationSeconds=2))
+
+    async def started():
+        r = await pods_by_role(kube, "chat")
+        return r if (len(r["serving"]), len(r["warm"])) == (1, 1) else None
+    first = await eventually(started)
+    [serving], [warm] = first["serving"], first["warm"]
+    await engines.ready(serving)
+    await engines.ready(warm)
+
+    # Idle: the decision is recorded, nothing moves.
+    async def idle_decision():
+        st = ((await kube.get(INFERENCE_SERVICES, NS, "chat")).get("status") or {}).get("autoscaling")
+        return st if st and st.get("reason") in ("TooFewReplicas", "ScaleDownStabilized",
+                                                 "WithinTolerance") else None
+    st = await eventually(idle_decision)
+    assert (st["currentReplicas"], st["desiredReplicas"], st["reportingPods"]) == (1, 1, 1)
+    assert st["currentAverageValue"] == 0 and st["metric"] == "preheat_num_requests_waiting"
+
+    # A busy warm pod takes no traffic: its gauge must never count, nor be asked for.
+    engines.load(warm, 50)
+    await asyncio.sleep(1.0)
+    assert (await kube.get(INFERENCE_SERVICES, NS, "chat"))["spec"]["replicas"] == 1
+    assert engines.scrapes[warm] == 0 and engines.scrapes[serving] > 0
+    engines.load(warm, 0)
+
+    # Load on the one serving pod: 6 waiting vs a target of 2 -> 3 replicas, through /scale.
+    engines.load(serving, 6)
+
+    async def scaled_up():
+        body = await kube.get(INFERENCE_SERVICES, NS, "chat")
+        return body if body["spec"]["replicas"] == 3 else None
+    body = await eventually(scaled_up)
+    st = body["status"]["autoscaling"]
+    assert (st["reason"], st["desiredReplicas"], st["currentAverageValue"]) == ("ScaleUp", 3, 6)
+    assert st["lastScaleTime"]
+    scale = await kube.get(INFERENCE_SERVICES, NS, "chat", subresource="scale")
+    assert scale["spec"]["replicas"] == 3  # what `kubectl get --subresource=scale` and an HPA see
+
+    # The warm pod is promoted first; the rest are created, and the pool is refilled.
+    async def promoted():
+        r = await pods_by_role(kube, "chat")
+        return r if warm in r["serving"] and len(r["serving"]) == 3 and len(r["warm"]) == 1 else None
+    roles = await eventually(promoted)
+    for pod in roles["serving"] + roles["warm"]:
+        await engines.ready(pod)
+    events = await kube.list(EVENTS, NS, {})
+    reasons = [(e.get("reason"), e.get("message", "")) for e in events]
+    assert any(r == "SuccessfulRescale" and m.startswith("New size: 3;") for r, m in reasons), reasons
+    assert any(r == "Promoted" and warm in m for r, m in reasons), reasons
+    assert await kube.get(HPAS, NS, "chat") is None  # Engine mode creates no HPA
+
+    # Load spreads and ends: back to minReplicas once the 2 s down-window has passed.
+    for pod in roles["serving"]:
+        engines.load(pod, 0)
+
+    async def scaled_down():
+        body = await kube.get(INFERENCE_SERVICES, NS, "chat")
+        return body if body["spec"]["replicas"] == 1 else None
+    body = await eventually(scaled_down)
+    assert body["status"]["autoscaling"]["reason"] == "ScaleDown"
+
+    async def one_serving():
+        r = await pods_by_role(kube, "chat")
+        return len(r["serving"]) == 1 and len(r["warm"]) == 1
+    await eventually(one_serving)
+    events = await kube.list(EVENTS, NS, {})
+    assert any(e.get("reason") == "SuccessfulRescale" and e["message"].startswith("New size: 1;")
+               for e in events)
+
+
+async def test_unready_pods_are_not_asked_and_silence_is_reported_not_acted_on(cluster):
+    kube, engines = cluster
+    await kube.create(INFERENCE_SERVICES, NS, autoscaled("quiet", scaleDownStabilizationSeconds=0))
+
+    async def started():
+        r = await pods_by_role(kube, "quiet")
+        return r if (len(r["serving"]), len(r["warm"])) == (1, 1) else None
+    [serving] = (await eventually(started))["serving"]
+    await engines.start(serving)
+    engines.load(serving, 40)
+    await engines.ready(serving, ok=False)  # the kubelet's verdict: not Ready
+
+    await asyncio.sleep(1.5)  # several passes (every 0.2 s) that see the pod's IP
+
+    async def no_metrics():
+        st = ((await kube.get(INFERENCE_SERVICES, NS, "quiet")).get("status") or {}).get("autoscaling")
+        return st if st and st["reason"] == "NoMetrics" else None
+    st = await eventually(no_metrics)
+    assert st["desiredReplicas"] == 1 and "currentAverageValue" not in st
+    assert engines.scrapes[serving] == 0
+    assert (await kube.get(INFERENCE_SERVICES, NS, "quiet"))["spec"]["replicas"] == 1
+    events = await kube.list(EVENTS, NS, {})
+    assert [e["reason"] for e in events if e.get("reason") == "FailedGetEngineMetrics"] == \
+        ["FailedGetEngineMetrics"]  # once per episode, not every pass
+
+    # Leaving Engine mode: the autoscaler stops and its status goes; an HPA takes over.
+    await kube.patch(INFERENCE_SERVICES, NS, "quiet", {"spec": {"autoscaling": {"metric": {
+        "type": "Pods", "name": "preheat_num_requests_waiting", "targetAverageValue": 2}}}})
+
+    async def handed_to_an_hpa():
+        body = await kube.get(INFERENCE_SERVICES, NS, "quiet")
+        hpa = await kube.get(HPAS, NS, "quiet")
+        return hpa is not None and "autoscaling" not in (body.get("status") or {})
+    await eventually(handed_to_an_hpa)
