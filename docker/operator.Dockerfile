@@ -10,7 +10,7 @@ COPY engine/ engine/
 COPY operator/ operator/
 # --no-deps + the operator's own needs only: the engine's torch stack stays out of this image.
 RUN pip install --no-deps . && \
-    pip install "kopf>=1.37" "aiohttp>=3.9" "pyyaml>=6" && \
+    pip install "kopf>=1.37" "aiohttp>=3.9" "pyyaml>=6" "httpx>=0.27" "prometheus-client>=0.20" && \
     rm -rf /src
 
 RUN useradd --uid 1000 --user-group --no-create-home --shell /usr/sbin/nologin preheat

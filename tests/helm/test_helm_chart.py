@@ -22,6 +22,7 @@ K8S = "1.30.0"
 RICH_VALUES = {
     "image": {"repository": "registry.example.com/preheat/operator", "tag": "0.1.0-rc1"},
     "operator": {"replicas": 2, "logLevel": "debug", "resyncSeconds": 15,
+                 "autoscaleIntervalSeconds": 5, "metricsTimeoutSeconds": 1.5,
                  "nodeSelector": {"kubernetes.io/os": "linux"},
                  "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "ops",
                                   "effect": "NoSchedule"}]},
@@ -30,6 +31,10 @@ RICH_VALUES = {
     "metrics": {"podMonitor": {"enabled": True, "interval": "15s",
                                "labels": {"release": "prometheus"}}},
     "example": {"enabled": True, "name": "demo", "replicas": 2, "warmPoolSize": 1},
+    "autoscaling": {"prometheusAdapter": {"enabled": True},
+                    "keda": {"scaledObjects": [{"name": "demo", "maxReplicas": 4,
+                                                "metric": "preheat_num_requests_waiting",
+                                                "targetAverageValue": "4"}]}},
 }
 
 
@@ -83,6 +88,10 @@ def test_every_rendered_object_is_valid(helm, tmp_path, values):
             schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
             assert crd_schema.errors(obj, schema) == []
             assert ("namespace" in obj["metadata"]) == (crd["spec"]["scope"] == "Namespaced")
+        elif obj["kind"] == "ScaledObject":
+            # KEDA's kind: its own published CRD schema (tests/helm/test_autoscaling_chart.py).
+            from test_autoscaling_chart import keda_schema
+            assert crd_schema.errors(obj, keda_schema()) == []
         elif obj["kind"] == "PodMonitor":
             # Prometheus Operator kind, not in the Kubernetes schemas: check what we rely on.
             ep = obj["spec"]["podMetricsEndpoints"][0]
@@ -98,6 +107,7 @@ def test_rich_values_reach_the_deployment(helm, tmp_path):
     assert "--namespace=llm-prod" in c["args"] and "--namespace=llm-staging" in c["args"]
     assert "--peering=preheat" in c["args"] and dep["spec"]["replicas"] == 2
     assert "--log-level=debug" in c["args"]
+    assert "--autoscale-interval=5" in c["args"] and "--metrics-timeout=1.5" in c["args"]
 
 
 @pytest.mark.parametrize("crd", ["inferenceservices.yaml", "kopf-peerings.yaml"])

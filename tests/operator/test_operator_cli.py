@@ -37,3 +37,16 @@ def test_a_peering_lifetime_too_short_to_renew_in_time_is_refused(capsys):
     with pytest.raises(SystemExit):
         parse_args(["--peering", "p", "--peering-lifetime", "8"])
     assert "at least 15 seconds" in capsys.readouterr().err
+
+
+def test_the_built_in_autoscaler_decides_every_15_s_like_the_hpa_unless_told(monkeypatch):
+    import pytest
+
+    cfg = parse_args([])
+    assert (cfg.autoscale_interval, cfg.metrics_timeout) == (15.0, 2.0)
+    cfg = parse_args(["--autoscale-interval", "1", "--metrics-timeout", "0.5"])
+    assert (cfg.autoscale_interval, cfg.metrics_timeout) == (1.0, 0.5)
+    monkeypatch.setenv("PREHEAT_OPERATOR_AUTOSCALE_INTERVAL", "3")
+    assert parse_args([]).autoscale_interval == 3.0
+    with pytest.raises(SystemExit):
+        parse_args(["--autoscale-interval", "0"])
