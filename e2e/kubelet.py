@@ -5,10 +5,11 @@ It does what the operator and the scenario can observe of a kubelet:
 
 - watches the Pods of one namespace; for each new pod it lays out the volumes as local
   directories, starts the container's command + args as a process in its own process group
-  (podmap.plan: env mapped, ports on 127.0.0.1), and writes the pod status;
+  (podmap.plan: env mapped; the pod's own loopback IP, its container port), and writes
+  the pod status;
 - probes the startupProbe, then the readinessProbe, at their periods, and reports
   ContainersReady / Ready (Ready also waits for the pod's readinessGates, which the operator
-  opens) with containerStatuses, podIP 127.0.0.1, phase Running;
+  opens) with containerStatuses, the pod's IP, phase Running;
 - restarts an exited container in place under restartPolicy Always (restartCount + 1);
 - on pod deletion sends SIGTERM to the process group, SIGKILL after the grace period;
 - evict(): what a kubelet does under node pressure — stop the container, phase Failed.
@@ -23,6 +24,7 @@ import contextlib
 import datetime
 import logging
 import os
+import random
 import signal
 import socket
 from collections.abc import Mapping, Sequence
@@ -43,10 +45,19 @@ def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_pod_ip(port: int) -> str:
+    """A loopback address of its own for a pod (the whole 127.0.0.0/8 is local on Linux),
+    on which `port` is free: pods listen on their container port as on a cluster network,
+    and podIP:port reaches them (the operator scrapes /metrics there)."""
+    for _ in range(200):
+        ip = f"127.{random.randint(1, 254)}.{random.randint(0, 255)}.{random.randint(1, 254)}"
+        with socket.socket() as s:
+            try:
+                s.bind((ip, port))
+            except OSError:
+                continue
+        return ip
+    raise RuntimeError(f"no loopback address with port {port} free")
 
 
 def _rv(pod: Mapping[str, Any]) -> int:
@@ -73,7 +84,8 @@ class PodRuntime:
     phase: str = "Pending"
     reason: str | None = None
     message: str | None = None
-    port: int | None = None
+    ip: str | None = None  # the pod IP: a loopback address of its own, kept across restarts
+    port: int | None = None  # the container port, on ip
     plan: podmap.ProcessPlan | None = None  # how the container was mapped, last start
     proc: asyncio.subprocess.Process | None = None
     pids: list[int] = field(default_factory=list)  # every process started for this pod
@@ -118,7 +130,7 @@ class LocalKubelet:
     def url(self, name: str) -> str:
         rt = self.by_name(name)
         assert rt.port is not None, f"pod {name} has no process yet"
-        return f"http://127.0.0.1:{rt.port}"
+        return f"http://{rt.ip}:{rt.port}"
 
     def all_pids(self) -> list[int]:
         return [pid for rt in [*self.pods.values(), *self.finished] for pid in rt.pids]
@@ -223,7 +235,8 @@ class LocalKubelet:
             self.stale_versions += 1
 
     async def _report(self, rt: PodRuntime) -> None:
-        desired = podstatus.status(rt.pod, rt.state, rt.phase, _now(), rt.reason, rt.message)
+        desired = podstatus.status(rt.pod, rt.state, rt.phase, _now(), rt.reason, rt.message,
+                                   pod_ip=rt.ip)
         if not podstatus.differs(rt.pod.get("status"), desired):
             return
         path = f"/api/v1/namespaces/{self.namespace}/pods/{rt.name}/status"
@@ -292,12 +305,15 @@ class LocalKubelet:
 
     async def _run_container(self, rt: PodRuntime) -> int:
         """Starts the process, probes it until it exits or the pod stops; returns the code."""
-        rt.port = free_port()
+        ports = podmap.container(rt.pod).get("ports") or []
+        rt.port = int(ports[0]["containerPort"]) if ports else 8000
+        if rt.ip is None:
+            rt.ip = free_pod_ip(rt.port)
         plan = rt.plan = podmap.plan(rt.pod, commands=self.commands, host_port=rt.port,
                                      root=self.root, node_dirs=self.node_dirs,
-                                     base_env=self.base_env)
-        startup = podmap.probe(rt.pod, "startupProbe", rt.port)
-        readiness = podmap.probe(rt.pod, "readinessProbe", rt.port)
+                                     base_env=self.base_env, pod_ip=rt.ip)
+        startup = podmap.probe(rt.pod, "startupProbe", rt.port, rt.ip)
+        readiness = podmap.probe(rt.pod, "readinessProbe", rt.port, rt.ip)
         pod_dir = self.root / "pods" / rt.uid
         pod_dir.mkdir(parents=True, exist_ok=True)
         log_path = pod_dir / f"container-{rt.state.restart_count}.log"
@@ -307,7 +323,7 @@ class LocalKubelet:
                 *plan.argv, env=plan.env, cwd=pod_dir, stdout=out, stderr=asyncio.subprocess.STDOUT,
                 stdin=asyncio.subprocess.DEVNULL, start_new_session=True)
         rt.pids.append(rt.proc.pid)
-        log.info("pod %s: started pid %d on port %d", rt.name, rt.proc.pid, rt.port)
+        log.info("pod %s: started pid %d on %s:%d", rt.name, rt.proc.pid, rt.ip, rt.port)
         rt.phase = "Running"
         rt.state = replace(rt.state, running=True, started=startup is None, ready=False,
                            failures=0, started_at=_now(), waiting_reason=None)
@@ -359,7 +375,7 @@ class LocalKubelet:
         return code
 
     async def _probe(self, probe: podmap.Probe) -> bool:
-        url = f"http://127.0.0.1:{probe.host_port}{probe.path}"
+        url = f"http://{probe.host}:{probe.host_port}{probe.path}"
         try:
             resp = await self._client.get(url, timeout=min(1.0, probe.period_s))
             return 200 <= resp.status_code < 400

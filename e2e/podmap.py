@@ -7,8 +7,9 @@ local kubelet has neither, so it maps what the pod asks for onto this machine:
   `<python> -m preheat`), the rest and the args are kept;
 - volumes: each mounted volume becomes a local directory, and every env value or arg that
   names a path under a mountPath is rewritten to the local directory;
-- network: the container port becomes a free port on 127.0.0.1 (the engine reads
-  PREHEAT_PORT / PREHEAT_HOST), and the pod IP is 127.0.0.1.
+- network: each pod gets its own loopback address (127.x.y.z) as its pod IP and listens on
+  its container port there (the engine reads PREHEAT_HOST / PREHEAT_PORT), so podIP:8000
+  reaches the pod as on a cluster network — which is how the operator scrapes /metrics.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class Probe:
     host_port: int
     period_s: float
     failure_threshold: int
+    host: str = "127.0.0.1"  # the pod IP
 
 
 def container(pod: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -97,13 +99,13 @@ def rewrite_path(value: str, mounts: Mapping[str, Path]) -> str:
     return value
 
 
-def _env_value(entry: Mapping[str, Any], pod: Mapping[str, Any]) -> str:
+def _env_value(entry: Mapping[str, Any], pod: Mapping[str, Any], pod_ip: str) -> str:
     if "value" in entry:
         return str(entry["value"])
     ref = ((entry.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath")
     fields = {"metadata.name": pod["metadata"]["name"],
               "metadata.namespace": pod["metadata"]["namespace"],
-              "status.podIP": "127.0.0.1"}
+              "status.podIP": pod_ip}
     if ref in fields:
         return fields[ref]
     if not entry.get("valueFrom"):
@@ -113,7 +115,7 @@ def _env_value(entry: Mapping[str, Any], pod: Mapping[str, Any]) -> str:
 
 def plan(pod: Mapping[str, Any], *, commands: Mapping[str, Sequence[str]], host_port: int,
          root: Path, node_dirs: Mapping[str, Path] = {},
-         base_env: Mapping[str, str] = {}) -> ProcessPlan:
+         base_env: Mapping[str, str] = {}, pod_ip: str = "127.0.0.1") -> ProcessPlan:
     c = container(pod)
     command = list(c.get("command") or [])
     if not command or command[0] not in commands:
@@ -130,16 +132,17 @@ def plan(pod: Mapping[str, Any], *, commands: Mapping[str, Sequence[str]], host_
         raise Unsupported("--port/--host in args: the local kubelet owns the address")
     env = dict(base_env)
     for entry in c.get("env") or []:
-        env[entry["name"]] = rewrite_path(_env_value(entry, pod), mounts)
-    # The pod's network namespace, mapped: its port becomes a free loopback port.
-    env["PREHEAT_HOST"] = "127.0.0.1"
+        env[entry["name"]] = rewrite_path(_env_value(entry, pod, pod_ip), mounts)
+    # The pod's network namespace, mapped: its own loopback address.
+    env["PREHEAT_HOST"] = pod_ip
     env["PREHEAT_PORT"] = str(host_port)
     return ProcessPlan(argv=(*commands[command[0]], *args), env=env, mounts=mounts,
                        container_port=container_port, host_port=host_port)
 
 
-def probe(pod: Mapping[str, Any], kind: str, host_port: int) -> Probe | None:
-    """The container's `kind` probe ("startupProbe", "readinessProbe"), aimed at host_port."""
+def probe(pod: Mapping[str, Any], kind: str, host_port: int,
+          host: str = "127.0.0.1") -> Probe | None:
+    """The container's `kind` probe ("startupProbe", "readinessProbe"), aimed at host:host_port."""
     c = container(pod)
     spec = c.get(kind)
     if not spec:
@@ -153,7 +156,7 @@ def probe(pod: Mapping[str, Any], kind: str, host_port: int) -> Probe | None:
         raise Unsupported(f"{kind}: unknown port name {port!r}")
     return Probe(path=get.get("path") or "/", host_port=host_port,
                  period_s=float(spec.get("periodSeconds", 10)),
-                 failure_threshold=int(spec.get("failureThreshold", 3)))
+                 failure_threshold=int(spec.get("failureThreshold", 3)), host=host)
 
 
 def grace_period_s(pod: Mapping[str, Any]) -> float:

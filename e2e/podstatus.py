@@ -55,7 +55,8 @@ def _condition(previous: Mapping[str, Any], ctype: str, ok: bool, now: str) -> d
 
 
 def status(pod: Mapping[str, Any], state: ContainerState, phase: str, now: str,
-           reason: str | None = None, message: str | None = None) -> dict[str, Any]:
+           reason: str | None = None, message: str | None = None,
+           pod_ip: str | None = "127.0.0.1") -> dict[str, Any]:
     """The pod status the kubelet writes (a strategic-merge patch: conditions merge by type,
     so the operator's gate condition is left alone)."""
     previous = pod.get("status") or {}
@@ -77,7 +78,6 @@ def status(pod: Mapping[str, Any], state: ContainerState, phase: str, now: str,
     out: dict[str, Any] = {
         "phase": phase,
         "hostIP": "127.0.0.1",
-        "podIP": "127.0.0.1",
         "startTime": previous.get("startTime") or now,
         "containerStatuses": [container],
         "conditions": [
@@ -87,6 +87,8 @@ def status(pod: Mapping[str, Any], state: ContainerState, phase: str, now: str,
             _condition(previous, "Ready", ready and gates_open(pod), now),
         ],
     }
+    if pod_ip:  # none before the pod's network exists
+        out["podIP"] = pod_ip
     if reason:
         out["reason"], out["message"] = reason, message or ""
     return out

@@ -21,7 +21,7 @@ class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         self.send_response(200); self.end_headers()
     def log_message(self, *a): pass
-http.server.HTTPServer(("127.0.0.1", int(os.environ["PREHEAT_PORT"])), H).serve_forever()
+http.server.HTTPServer((os.environ["PREHEAT_HOST"], int(os.environ["PREHEAT_PORT"])), H).serve_forever()
 """
 STRATEGIC = {"Content-Type": "application/strategic-merge-patch+json"}
 

@@ -36,8 +36,10 @@ async def test_inference_service_end_to_end_on_one_machine(tmp_path):
                 templates = rt.plan.mounts["/etc/preheat/warmup-templates"]
                 assert env["PREHEAT_WARMUP_TEMPLATES"] == str(templates)
                 assert (templates / "e2e-support.yaml").read_text() == WARMUP_TEMPLATE
-                assert env["PREHEAT_PORT"] == str(rt.port) and env["PREHEAT_HOST"] == "127.0.0.1"
-            assert len({rt.port for rt in runtimes}) == 2
+                # Each pod on its own address, on the container port, as on a pod network.
+                assert (env["PREHEAT_HOST"], env["PREHEAT_PORT"]) == (rt.ip, "8000")
+                assert rt.pod["status"]["podIP"] == rt.ip
+            assert len({rt.ip for rt in runtimes}) == 2
 
             await scenario.chat(cluster, SERVICE, t)
             await scenario.scale_up_by_promotion(cluster, SERVICE, t)
