@@ -91,7 +91,8 @@ class LocalCluster:
 
 
 @contextlib.asynccontextmanager
-async def local_cluster(root: Path, resync_seconds: float = 2.0) -> AsyncIterator[LocalCluster]:
+async def local_cluster(root: Path, resync_seconds: float = 2.0,
+                        operator_args: tuple[str, ...] = ()) -> AsyncIterator[LocalCluster]:
     root.mkdir(parents=True, exist_ok=True)
     async with KubeAPIServer() as api, kmock.Server(api) as server:
         url = str(server.url).rstrip("/")
@@ -101,7 +102,8 @@ async def local_cluster(root: Path, resync_seconds: float = 2.0) -> AsyncIterato
         async with LocalProvisioner(url, NAMESPACE, root, {"weights": node_cache_dir() / "weights"}), \
                 LocalKubelet(url, NAMESPACE, root, commands=COMMANDS, base_env=base_env,
                              node_dirs={"cache": node_cache_dir()}, max_grace_s=30) as kubelet, \
-                OperatorProcess(kubeconfig, NAMESPACE, root, resync_seconds) as operator:
+                OperatorProcess(kubeconfig, NAMESPACE, root, resync_seconds,
+                                operator_args) as operator:
             kube = Kube(kopf.ConnectionInfo(server=url))
             try:
                 yield LocalCluster(kube=kube, kubelet=kubelet, operator=operator, root=root,

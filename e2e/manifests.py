@@ -38,7 +38,8 @@ def warmup_configmap(namespace: str = NAMESPACE) -> dict[str, Any]:
 
 def inference_service(name: str, *, replicas: int = 1, warm_pool: int = 1,
                       image: str = DEFAULT_IMAGE, snapshot: bool = True,
-                      templates: bool = True, namespace: str = NAMESPACE) -> dict[str, Any]:
+                      templates: bool = True, namespace: str = NAMESPACE,
+                      autoscaling: dict[str, Any] | None = None) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "model": {},  # the engine's embedded default model (SmolLM2-135M-Instruct)
         "engine": {"image": image, "env": ENGINE_ENV},
@@ -51,5 +52,7 @@ def inference_service(name: str, *, replicas: int = 1, warm_pool: int = 1,
     }
     if templates:
         spec["warmupTemplates"] = {"configMap": TEMPLATES}
+    if autoscaling:
+        spec["autoscaling"] = autoscaling
     return {"apiVersion": "serving.preheat.dev/v1alpha1", "kind": "InferenceService",
             "metadata": {"name": name, "namespace": namespace}, "spec": spec}

@@ -14,8 +14,9 @@ from typing import Any
 
 class OperatorProcess:
     def __init__(self, kubeconfig: Path, namespace: str, log_dir: Path,
-                 resync_seconds: float = 5.0) -> None:
+                 resync_seconds: float = 5.0, extra_args: tuple[str, ...] = ()) -> None:
         self.kubeconfig = kubeconfig
+        self.extra_args = tuple(extra_args)
         self.namespace = namespace
         self.log_dir = log_dir
         self.resync_seconds = resync_seconds
@@ -32,7 +33,7 @@ class OperatorProcess:
         with log:
             self.proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "preheat", "operator", "--namespace", self.namespace,
-                "--standalone", "--resync-seconds", str(self.resync_seconds),
+                "--standalone", "--resync-seconds", str(self.resync_seconds), *self.extra_args,
                 env=env, stdout=log, stderr=asyncio.subprocess.STDOUT,
                 stdin=asyncio.subprocess.DEVNULL, start_new_session=True)
 

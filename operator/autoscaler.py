@@ -27,6 +27,8 @@ from preheat.operator.scrape import metrics_url, scrape
 from preheat.operator.spec import SpecError, parse_spec
 
 EventSink = Callable[[Mapping[str, Any], str, str, str], None]
+# Receives one JSON-able record per pass (--autoscale-log): what was seen and decided.
+RoundSink = Callable[[dict[str, Any]], None]
 
 
 @dataclass
@@ -44,6 +46,21 @@ def _now_iso() -> str:
 def _owned(obj: Mapping[str, Any], uid: str) -> bool:
     refs = (obj.get("metadata") or {}).get("ownerReferences") or []
     return any(r.get("uid") == uid for r in refs)
+
+
+def round_record(namespace: str, name: str, now: float, fresh: bool, policy: Policy,
+                 current: int, samples: list[PodSample], decision: Decision) -> dict[str, Any]:
+    """One pass as data: enough to replay it through decide() (tests/operator replays
+    recorded runs) and to answer "why did it scale?" after the fact."""
+    return {"service": f"{namespace}/{name}", "t": round(now, 3), "fresh": fresh,
+            "policy": {"metric": policy.metric, "target": policy.target,
+                       "min_replicas": policy.min_replicas, "max_replicas": policy.max_replicas,
+                       "scale_up_window_s": policy.scale_up_window_s,
+                       "scale_down_window_s": policy.scale_down_window_s},
+            "current": current,
+            "samples": [{"name": s.name, "ready": s.ready, "value": s.value} for s in samples],
+            "desired": decision.desired, "recommended": decision.recommended,
+            "reason": decision.reason}
 
 
 def policy_of(body: Mapping[str, Any]) -> Policy | None:
@@ -66,6 +83,7 @@ def policy_of(body: Mapping[str, Any]) -> Policy | None:
 async def autoscale(kube: Kube, http: httpx.AsyncClient, namespace: str, name: str,
                     memory: AutoscalerMemory, events: EventSink, *, scrape_timeout: float,
                     clock: Callable[[], float] = time.monotonic,
+                    record: RoundSink | None = None,
                     logger: logging.Logger | logging.LoggerAdapter = logging.getLogger(__name__),
                     ) -> Decision | None:
     """One pass; returns the decision (None when the service is gone or not in Engine mode)."""
@@ -87,7 +105,11 @@ async def autoscale(kube: Kube, http: httpx.AsyncClient, namespace: str, name: s
     values = await scrape(http, {n: u for n, u in ready.items() if u}, policy.metric, scrape_timeout)
     samples = [PodSample(v.name, v.name in ready, values.get(v.name)) for v, _ in serving]
     current = int((body.get("spec") or {}).get("replicas", 1))
-    decision = decide(policy, current, samples, memory.history, clock())
+    now = clock()
+    decision = decide(policy, current, samples, memory.history, now)
+    if record is not None:
+        record(round_record(namespace, name, now, memory.history is None, policy, current,
+                            samples, decision))
     memory.history = decision.history
 
     previous = (body.get("status") or {}).get("autoscaling") or {}

@@ -27,6 +27,7 @@ class OperatorConfig:
     # pod's /metrics may take before it counts as missing.
     autoscale_interval: float = 15.0
     metrics_timeout: float = 2.0
+    autoscale_log: str | None = None  # append every autoscaling pass as a JSON line
     liveness: str | None = None  # e.g. http://0.0.0.0:8080/healthz
     log_level: str = "info"
     extra: dict[str, str] = field(default_factory=dict)
@@ -79,6 +80,9 @@ def parse_args(argv: list[str]) -> OperatorConfig:
                         "(autoscaling.metric.type Engine).")
     p.add_argument("--metrics-timeout", type=float, default=float(_env("METRICS_TIMEOUT", "2")),
                    help="Seconds one pod's /metrics may take before it counts as missing.")
+    p.add_argument("--autoscale-log", default=_env("AUTOSCALE_LOG"),
+                   help="Append every pass of the built-in autoscaler (the pods' values, the "
+                        "decision, its reason) to this file as JSON lines.")
     p.add_argument("--liveness", default=_env("LIVENESS"),
                    help="Liveness endpoint, e.g. http://0.0.0.0:8080/healthz.")
     p.add_argument("--log-level", default=_env("LOG_LEVEL", "info"),
@@ -104,5 +108,6 @@ def parse_args(argv: list[str]) -> OperatorConfig:
                           priority=a.priority, peering_lifetime=a.peering_lifetime,
                           resync_seconds=a.resync_seconds,
                           autoscale_interval=a.autoscale_interval,
-                          metrics_timeout=a.metrics_timeout, liveness=a.liveness,
+                          metrics_timeout=a.metrics_timeout, autoscale_log=a.autoscale_log,
+                          liveness=a.liveness,
                           log_level=a.log_level)

@@ -11,6 +11,7 @@ spec enters and leaves that mode.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -141,6 +142,13 @@ async def _sleep_until_nudged(wake: asyncio.Event, stopped: kopf.DaemonStopped,
             w.cancel()
 
 
+def _round_log(path: str):
+    def record(entry: dict[str, Any]) -> None:
+        with open(path, "a") as f:  # one short line per pass: appends stay whole
+            f.write(json.dumps(entry) + "\n")
+    return record
+
+
 def _engine_mode(spec: Any, **_: Any) -> bool:
     metric = ((spec or {}).get("autoscaling") or {}).get("metric") or {}
     return metric.get("type") == "Engine"
@@ -151,10 +159,12 @@ async def autoscale_loop(memo: OperatorState, stopped: kopf.DaemonStopped, names
                          name: str, logger: Any, **_: Any) -> None:
     memory = AutoscalerMemory()
     never = asyncio.Event()
+    record = _round_log(memo.config.autoscale_log) if memo.config.autoscale_log else None
     while not stopped:
         try:
             await autoscale(memo.client(), memo.http(), namespace, name, memory, _post_event,
-                            scrape_timeout=memo.config.metrics_timeout, logger=logger)
+                            scrape_timeout=memo.config.metrics_timeout, record=record,
+                            logger=logger)
         except (ApiError, OSError, RuntimeError, asyncio.TimeoutError) as e:
             if isinstance(e, ApiError) and e.status == 401:
                 memo.forget_client()
