@@ -179,3 +179,19 @@ def test_what_the_schema_lets_through_the_operator_still_refuses(metric, reason)
     from preheat.operator.spec import SpecError
     with pytest.raises(SpecError, match=reason):
         parse_spec(_auto(metric))
+
+
+def test_an_hpa_as_the_server_returns_it_is_not_patched_again():
+    # The API server adds behavior policies and canonicalises quantities ("0.8" -> "800m");
+    # the reconciler must see that as already applied, and a real change as a change.
+    from preheat.operator.reconcile import _contains
+    spec = parse_spec(_auto({"type": "Pods", "name": "preheat_kv_cache_usage_ratio",
+                             "targetAverageValue": "0.8"}))
+    want = render.autoscaler("svc", "default", "uid", spec)["spec"]
+    have = copy.deepcopy(want)
+    have["metrics"][0]["pods"]["target"]["averageValue"] = "800m"
+    have["behavior"]["scaleDown"].update(selectPolicy="Max", policies=[
+        {"type": "Percent", "value": 100, "periodSeconds": 15}])
+    assert _contains(have, want)
+    have["maxReplicas"] = 9
+    assert not _contains(have, want)
