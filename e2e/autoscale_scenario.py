@@ -23,7 +23,7 @@ from typing import Any
 from e2e import manifests, scenario
 from e2e.scenario import Driver, Timings
 from e2e.waiting import eventually
-from preheat.operator.resources import CONFIGMAPS, INFERENCE_SERVICES, PODS, Resource
+from preheat.operator.resources import CONFIGMAPS, INFERENCE_SERVICES, Resource
 
 EVENTS = Resource("", "v1", "events")
 METRIC = "preheat_num_requests_running"
@@ -66,9 +66,10 @@ class Router:
         if self._task is not None:
             self._task.cancel()
 
-    def pick(self) -> str:
-        assert self.endpoints, "no Ready serving pod to send to"
-        return random.choice(self.endpoints)
+    def pick(self) -> str | None:
+        """A Ready serving pod's URL; None when there is none (a Service without endpoints:
+        the request fails, as a client's connection would)."""
+        return random.choice(self.endpoints) if self.endpoints else None
 
 
 @dataclass
@@ -102,6 +103,11 @@ async def run_clients(router: Router, service: str, clients: int, stop: asyncio.
             n += 1
             url = router.pick()
             load.sent += 1
+            if url is None:
+                load.failed += 1
+                load.errors.append("no Ready serving pod (the Service has no endpoints)")
+                await asyncio.sleep(0.2)
+                continue
             load.by_endpoint[url] = load.by_endpoint.get(url, 0) + 1
             start = time.monotonic()
             first = None

@@ -14,8 +14,8 @@ What is mirrored from kubernetes/pkg/controller/podautoscaler:
   reported / target; |ratio - 1| <= tolerance (0.1) keeps the current count, else
   ceil(ratio * pods that reported). Pods that should have reported but did not ("missing":
   Ready, yet the scrape failed — e.g. dying mid-window) count as exactly the target on a
-  scale-down (and at the target) and as 0 on a scale-up; serving pods that are not Ready are never scraped, and
-  on a scale-up they count as 0 (capacity that is coming). If that correction flips the
+  scale-down (and at the target) and as 0 on a scale-up; serving pods that are not Ready
+  are never scraped, and on a scale-up they count as 0 (capacity that is coming). If that correction flips the
   direction, or lands within the tolerance, the count stays.
 - horizontal.go (stabilizeRecommendationWithBehaviors): every raw recommendation is kept
   with its time; a scale-up goes only as high as the lowest recommendation within
@@ -23,6 +23,13 @@ What is mirrored from kubernetes/pkg/controller/podautoscaler:
   scaleDownStabilizationSeconds. A fresh history (operator start) is seeded with the
   current count, so a restart never scales down before a full down-window has been seen.
 - replicas outside [min, max] are brought inside first; replicas 0 turns autoscaling off.
+
+One rule is added: no scale-down while a serving pod is not Ready. The HPA reads a custom
+metric from pods that are Running but not Ready; we never ask them (their numbers are not
+what the Service routes to), so their load is unknown — and a serving pod is not Ready
+either because it is starting (a scale-up under way) or because it is failing, often under
+load (its probe timing out). Shrinking then would delete capacity, and the reconciler would
+remove that very pod first. The failover of a pod that stays unready is the reconciler's job.
 
 Not mirrored: the HPA's rate policies (by default +100% or +4 pods per 15 s up, -100% per
 15 s down). Scale-up here is bounded by maxReplicas and by promotion from the warm pool.
@@ -169,6 +176,16 @@ def decide(policy: Policy, current: int, samples: list[PodSample] | tuple[PodSam
                     f"no {policy.metric} from any of {ready} Ready serving pod(s); "
                     f"keeping {current}")
     recommended, average = found
+    unready = sum(1 for s in samples if not s.ready)
+    if recommended < current and unready:
+        ready = len(samples) - unready
+        return done(current, "UnreadyServingPods",
+                    f"average {policy.metric} {_fmt(average)} over {reporting} Ready serving "
+                    f"pod(s) recommends {recommended}, but {unready} serving pod(s) are not "
+                    f"Ready ({ready} are): no scale-down while their load is unknown",
+                    recommended=current, average=average,
+                    kept=stabilize(history, current, current, now, policy.scale_up_window_s,
+                                   policy.scale_down_window_s)[1])
     stabilized, kept = stabilize(history, recommended, current, now,
                                  policy.scale_up_window_s, policy.scale_down_window_s)
     desired = min(max(stabilized, policy.min_replicas), policy.max_replicas)

@@ -18,11 +18,15 @@ from typing import Any, Callable, Mapping
 
 import httpx
 
-from preheat.operator.autoscale import Decision, PodSample, Policy, Recommendation, decide, status_of
+from preheat.operator.autoscale import (
+    Decision, PodSample, Policy, Recommendation, decide, status_of,
+)
 from preheat.operator.kube import Kube
 from preheat.operator.pods import view
 from preheat.operator.quantity import parse_quantity
-from preheat.operator.resources import INFERENCE_SERVICES, LABEL_ROLE, LABEL_SERVICE, PODS, ROLE_SERVING
+from preheat.operator.resources import (
+    INFERENCE_SERVICES, LABEL_ROLE, LABEL_SERVICE, PODS, ROLE_SERVING,
+)
 from preheat.operator.scrape import metrics_url, scrape
 from preheat.operator.spec import SpecError, parse_spec
 
@@ -95,14 +99,16 @@ async def autoscale(kube: Kube, http: httpx.AsyncClient, namespace: str, name: s
         memory.history = None
         return None
     uid = body["metadata"]["uid"]
-    raw = [p for p in await kube.list(PODS, namespace, {LABEL_SERVICE: name, LABEL_ROLE: ROLE_SERVING})
-           if _owned(p, uid)]
+    selector = {LABEL_SERVICE: name, LABEL_ROLE: ROLE_SERVING}
+    raw = [p for p in await kube.list(PODS, namespace, selector) if _owned(p, uid)]
     pods = [(view(p), p) for p in raw]
-    serving = [(v, p) for v, p in pods if v.role == ROLE_SERVING and not v.terminating and not v.dead]
+    serving = [(v, p) for v, p in pods
+               if v.role == ROLE_SERVING and not v.terminating and not v.dead]
     # Only Ready serving pods are asked: the Service sends them traffic, warm pods take none,
     # and a pod that is not Ready has nothing to say about load it does not get.
     ready = {v.name: metrics_url(p) for v, p in serving if v.containers_ready and v.gate}
-    values = await scrape(http, {n: u for n, u in ready.items() if u}, policy.metric, scrape_timeout)
+    urls = {n: u for n, u in ready.items() if u}
+    values = await scrape(http, urls, policy.metric, scrape_timeout)
     samples = [PodSample(v.name, v.name in ready, values.get(v.name)) for v, _ in serving]
     current = int((body.get("spec") or {}).get("replicas", 1))
     now = clock()

@@ -193,7 +193,8 @@ async def reconcile(kube: Kube, namespace: str, name: str, events: EventSink,
     )
     previous = body.get("status") or {}
     status = compute(obs, render.selector_string(name), previous, _now())
-    if "autoscaling" in previous and not (spec and spec.autoscaling and spec.autoscaling.engine_mode):
+    engine_mode = bool(spec and spec.autoscaling and spec.autoscaling.engine_mode)
+    if "autoscaling" in previous and not engine_mode:
         status["autoscaling"] = None  # the built-in autoscaler's last word no longer applies
     if any(previous.get(k) != v for k, v in status.items()):
         await kube.patch(INFERENCE_SERVICES, namespace, name, {"status": status},

@@ -190,6 +190,29 @@ def test_pods_dying_mid_window_never_drive_a_scale_down_or_an_overshoot():
     assert decide(policy, 2, [PodSample("a", True, 12.0), PodSample("b", False)], (), 0.0).desired == 3
 
 
+def test_no_scale_down_while_a_serving_pod_is_not_ready():
+    # Seen on the 2-core harness: the one serving pod, overloaded, fails its readiness probe;
+    # the cold pod just added becomes Ready and idle. Longer than the down-window passes
+    # with no Ready pod reporting (no recommendations), then the only reading is the idle
+    # new pod: the HPA's rules alone would scale down — and the reconciler would delete the
+    # unready, busy pod first. The load of a pod that is not Ready is unknown: hold.
+    policy = Policy("preheat_num_requests_running", 4.0, 1, 2, scale_down_window_s=20)
+    rounds = [(0, ready(8.0))]  # -> 2
+    rounds += [(t, [PodSample("busy", False), PodSample("new", False)]) for t in range(5, 40, 5)]
+    rounds += [(t, [PodSample("busy", False), PodSample("new", True, 0.0)]) for t in range(40, 80, 5)]
+    ds = play(policy, rounds, replicas=1)
+    assert [d.desired for d in ds] == [2] * len(ds)
+    assert {d.reason for d in ds[1:8]} == {"NoMetrics"}
+    assert {d.reason for d in ds[8:]} == {"UnreadyServingPods"}
+    assert "1 serving pod(s) are not Ready" in ds[-1].message
+    # Once it is Ready again and idle, the scale-down goes ahead (after the window).
+    after = play(policy, [(t, ready(0.0, 0.0)) for t in range(80, 120, 5)], replicas=2,
+                 history=ds[-1].history)
+    assert after[-1].desired == 1
+    # A scale-up is never held by an unready pod (it counts as 0, as in the HPA).
+    assert decide(policy, 1, [PodSample("a", True, 12.0), PodSample("b", False)], (), 0).desired == 2
+
+
 def test_a_restarted_operator_waits_a_full_down_window_before_scaling_down():
     # No history (a new operator process): the current count is seeded as a recommendation.
     policy = Policy("preheat_num_requests_waiting", 2.0, 1, 4, scale_down_window_s=60)
