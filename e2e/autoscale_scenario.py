@@ -167,10 +167,11 @@ class Outcome:
 
 async def scale_on_load(d: Driver, service: str, *, warm_pool: int, clients: int,
                         max_replicas: int, down_window_s: int, hold_s: float,
-                        max_tokens: int = 24, image: str = manifests.DEFAULT_IMAGE) -> Outcome:
+                        max_tokens: int = 24, image: str = manifests.DEFAULT_IMAGE,
+                        require_no_failures: bool = True) -> Outcome:
     """Apply, load, see it scale up (timed from load start to the second Ready serving
     pod), hold the load `hold_s`, stop it, see it back at 1 (timed from the last request's
-    end). Asserts no request failed."""
+    end). Asserts no request failed (the benchmark reports failures instead)."""
     t = Timings()
     if await d.kube.get(CONFIGMAPS, d.namespace, manifests.TEMPLATES) is None:
         await d.kube.create(CONFIGMAPS, d.namespace, manifests.warmup_configmap(d.namespace))
@@ -235,7 +236,8 @@ async def scale_on_load(d: Driver, service: str, *, warm_pool: int, clients: int
         t["load_end_to_min_s"] = time.monotonic() - load_end
         stop_watch.set()
         await watcher
-    assert load.failed == 0, (load.failed, load.errors[:5])
-    assert load.ok == load.sent > 0
+    if require_no_failures:
+        assert load.failed == 0, (load.failed, load.errors[:5])
+        assert load.ok == load.sent > 0
     return Outcome(t, load, load_start, second_ready_at, promoted, replicas_seen, statuses,
                    await decisions(d, service))
