@@ -57,7 +57,7 @@ class Router:
             except Exception:  # a pod that went away between the list and the lookup
                 pass
 
-    async def __aenter__(self) -> "Router":
+    async def __aenter__(self) -> Router:
         await self.refresh()
         self._task = asyncio.create_task(self._loop())
         return self

@@ -13,23 +13,34 @@ from __future__ import annotations
 import datetime
 import logging
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import httpx
 
 from preheat.operator.autoscale import (
-    Decision, PodSample, Policy, Recommendation, decide, status_of,
+    Decision,
+    PodSample,
+    Policy,
+    Recommendation,
+    decide,
+    status_of,
 )
 from preheat.operator.kube import Kube
 from preheat.operator.pods import view
 from preheat.operator.quantity import parse_quantity
 from preheat.operator.resources import (
-    INFERENCE_SERVICES, LABEL_ROLE, LABEL_SERVICE, PODS, ROLE_SERVING,
+    INFERENCE_SERVICES,
+    LABEL_ROLE,
+    LABEL_SERVICE,
+    PODS,
+    ROLE_SERVING,
 )
 from preheat.operator.scrape import metrics_url, scrape
 from preheat.operator.spec import SpecError, parse_spec
 
+log = logging.getLogger(__name__)
 EventSink = Callable[[Mapping[str, Any], str, str, str], None]
 # Receives one JSON-able record per pass (--autoscale-log): what was seen and decided.
 RoundSink = Callable[[dict[str, Any]], None]
@@ -88,7 +99,7 @@ async def autoscale(kube: Kube, http: httpx.AsyncClient, namespace: str, name: s
                     memory: AutoscalerMemory, events: EventSink, *, scrape_timeout: float,
                     clock: Callable[[], float] = time.monotonic,
                     record: RoundSink | None = None,
-                    logger: logging.Logger | logging.LoggerAdapter = logging.getLogger(__name__),
+                    logger: logging.Logger | logging.LoggerAdapter = log,
                     ) -> Decision | None:
     """One pass; returns the decision (None when the service is gone or not in Engine mode)."""
     body = await kube.get(INFERENCE_SERVICES, namespace, name)

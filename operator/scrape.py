@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families

@@ -23,8 +23,9 @@ import pytest
 import yaml
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "operator"))
-import crd_schema  # noqa: E402
-from test_helm_chart import K8S, helm, rendered  # noqa: E402,F401  (helm is a fixture)
+import crd_schema
+from helm_tools import ensure_tools
+from test_helm_chart import K8S, rendered, template
 
 from preheat.engine.metrics import Metrics
 from preheat.operator import render
@@ -79,6 +80,11 @@ VALUES = {
         ]},
     },
 }
+
+
+@pytest.fixture(scope="module")
+def helm() -> str:
+    return str(ensure_tools()["helm"])
 
 
 def _of_kind(objects: list[dict], kind: str) -> list[dict]:
@@ -217,6 +223,5 @@ def test_the_keda_schema_check_can_fail():
     (["autoscaling.prometheusAdapter.metrics[0]=preheat_requests"], "prometheusAdapter/metrics/0"),
 ], ids=["keda-unknown-gauge", "adapter-unknown-gauge"])
 def test_a_gauge_the_engine_does_not_have_is_refused(helm, tmp_path, sets, expected):
-    from test_helm_chart import template
     out = template(helm, tmp_path, sets=sets)
     assert out.returncode != 0 and expected in out.stderr, out.stderr

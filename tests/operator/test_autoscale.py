@@ -12,10 +12,17 @@ import json
 import pathlib
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from preheat.operator.autoscale import (
-    Decision, PodSample, Policy, Recommendation, decide, replicas_for_metric, stabilize,
+    Decision,
+    PodSample,
+    Policy,
+    Recommendation,
+    decide,
+    replicas_for_metric,
+    stabilize,
     status_of,
 )
 

@@ -12,14 +12,15 @@ import asyncio
 import contextlib
 import random
 import socket
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 import kmock
 import kopf
 import pytest
 from aiohttp import web
-
 from kmock_apiserver import KubeAPIServer, write_kubeconfig
+
 from preheat.engine.metrics import Metrics
 from preheat.operator.config import OperatorConfig
 from preheat.operator.kube import STRATEGIC, Kube

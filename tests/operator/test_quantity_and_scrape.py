@@ -6,7 +6,8 @@ from __future__ import annotations
 import math
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from kubernetes.utils import parse_quantity as k8s_parse_quantity
 
 from preheat.engine.metrics import Metrics
