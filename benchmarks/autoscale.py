@@ -35,14 +35,22 @@ from e2e.autoscale_scenario import Outcome  # noqa: E402
 from e2e.local_cluster import LocalCluster, local_cluster  # noqa: E402
 from e2e.waiting import eventually  # noqa: E402
 
+INCOMPLETE: list[tuple[str, str]] = []  # (trial, why) for trials that did not finish
 
-async def trial(c: LocalCluster, service: str, warm_pool: int, a: argparse.Namespace) -> Outcome:
-    out = await autoscale_scenario.scale_on_load(
-        c, service, warm_pool=warm_pool, clients=a.clients, max_replicas=2,
-        down_window_s=a.down_window, hold_s=a.hold, max_tokens=a.max_tokens,
-        require_no_failures=False)
-    print(f"{service}: {json.dumps(out.timings.values)} requests {out.load.sent} "
-          f"failed {out.load.failed} promoted {out.promoted}", flush=True)
+
+async def trial(c: LocalCluster, service: str, warm_pool: int,
+                a: argparse.Namespace) -> Outcome | None:
+    out = None
+    try:
+        out = await autoscale_scenario.scale_on_load(
+            c, service, warm_pool=warm_pool, clients=a.clients, max_replicas=2,
+            down_window_s=a.down_window, hold_s=a.hold, max_tokens=a.max_tokens,
+            require_no_failures=False)
+        print(f"{service}: {json.dumps(out.timings.values)} requests {out.load.sent} "
+              f"failed {out.load.failed} promoted {out.promoted}", flush=True)
+    except AssertionError as e:  # a step's wait ran out: reported, not hidden
+        INCOMPLETE.append((service, str(e)[:300]))
+        print(f"{service}: INCOMPLETE: {e}", flush=True)
     await scenario.delete_everything(c, service, scenario.Timings())
 
     async def quiet():  # no engine left running (or draining) before the next trial
@@ -168,8 +176,15 @@ The decisions of the first warm trial, as `status.autoscaling` showed them:
 
 Machine: {os.cpu_count()} CPU cores ({cpu}), Python {platform.python_version()}, no GPU used;
 commit {_commit()}, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC,
-{a.trials} trials per mode, hold {a.hold} s of load after the scale-up.
+{a.trials} trials per mode, hold {a.hold} s of load after the scale-up. {_incomplete()}
 """
+
+
+def _incomplete() -> str:
+    if not INCOMPLETE:
+        return "Every trial completed."
+    return "Trials that did not complete (left out of the tables above): " + "; ".join(
+        f"{name}: {why}" for name, why in INCOMPLETE) + "."
 
 
 def write_recording(log: Path, service: str, out: Path) -> None:
@@ -198,8 +213,10 @@ async def main(a: argparse.Namespace) -> None:
         async with local_cluster(Path(tmp) / "node", operator_args=args) as c:
             try:
                 for i in range(a.trials):
-                    warm.append(await trial(c, f"bench-warm-{i}", 1, a))
-                    cold.append(await trial(c, f"bench-cold-{i}", 0, a))
+                    for mode, pool, outs in (("warm", 1, warm), ("cold", 0, cold)):
+                        out = await trial(c, f"bench-{mode}-{i}", pool, a)
+                        if out is not None:
+                            outs.append(out)
             except BaseException:
                 print(c.diagnostics(), file=sys.stderr)
                 raise
