@@ -45,7 +45,7 @@ async def trial(c: LocalCluster, service: str, warm_pool: int,
         out = await autoscale_scenario.scale_on_load(
             c, service, warm_pool=warm_pool, clients=a.clients, max_replicas=2,
             down_window_s=a.down_window, hold_s=a.hold, max_tokens=a.max_tokens,
-            require_no_failures=False)
+            require_no_failures=False, readiness_failure_threshold=a.failure_threshold)
         print(f"{service}: {json.dumps(out.timings.values)} requests {out.load.sent} "
               f"failed {out.load.failed} promoted {out.promoted}", flush=True)
     except AssertionError as e:  # a step's wait ran out: reported, not hidden
@@ -122,7 +122,8 @@ Measured in one run of `benchmarks/autoscale.py` on the local harness (docs/e2e.
 API emulator, the real operator (`preheat operator --autoscale-interval {a.interval}`, a
 subprocess), real `preheat serve` engines with the embedded SmolLM2-135M model, and the
 harness Router standing in for the Service (each request to a random Ready serving pod).
-Warm and cold trials alternate.
+Warm and cold trials alternate. Readiness probe: every 1 s, 1 s timeout, failure threshold
+{a.failure_threshold or "3 (the default)"}.
 
 **load start → second Ready serving pod** (first request sent → the second serving pod's
 `Ready` condition is `True`):
@@ -235,6 +236,9 @@ if __name__ == "__main__":
     p.add_argument("--down-window", type=int, default=20,
                    help="scaleDownStabilizationSeconds (300 by default in a real spec)")
     p.add_argument("--interval", type=float, default=1.0, help="operator --autoscale-interval")
+    p.add_argument("--failure-threshold", type=int, default=None,
+                   help="readiness.failureThreshold of the service (default: the CRD's 3); on a "
+                        "shared, overloaded machine idle engines can miss 1-s probes")
     p.add_argument("--record", type=Path, help="write the first warm trial's passes here")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "autoscale.md")
     asyncio.run(main(p.parse_args()))

@@ -168,7 +168,8 @@ class Outcome:
 async def scale_on_load(d: Driver, service: str, *, warm_pool: int, clients: int,
                         max_replicas: int, down_window_s: int, hold_s: float,
                         max_tokens: int = 24, image: str = manifests.DEFAULT_IMAGE,
-                        require_no_failures: bool = True) -> Outcome:
+                        require_no_failures: bool = True,
+                        readiness_failure_threshold: int | None = None) -> Outcome:
     """Apply, load, see it scale up (timed from load start to the second Ready serving
     pod), hold the load `hold_s`, stop it, see it back at 1 (timed from the last request's
     end). Asserts no request failed (the benchmark reports failures instead)."""
@@ -176,9 +177,12 @@ async def scale_on_load(d: Driver, service: str, *, warm_pool: int, clients: int
     if await d.kube.get(CONFIGMAPS, d.namespace, manifests.TEMPLATES) is None:
         await d.kube.create(CONFIGMAPS, d.namespace, manifests.warmup_configmap(d.namespace))
     start = time.monotonic()
-    await d.kube.create(INFERENCE_SERVICES, d.namespace, manifests.inference_service(
+    body = manifests.inference_service(
         service, replicas=1, warm_pool=warm_pool, image=image, namespace=d.namespace,
-        autoscaling=autoscaling(max_replicas, down_window_s)))
+        autoscaling=autoscaling(max_replicas, down_window_s))
+    if readiness_failure_threshold is not None:
+        body["spec"]["readiness"]["failureThreshold"] = readiness_failure_threshold
+    await d.kube.create(INFERENCE_SERVICES, d.namespace, body)
 
     async def settled():
         ready = await scenario.ready_by_role(d, service)
