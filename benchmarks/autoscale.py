@@ -121,7 +121,8 @@ The built-in autoscaler (`autoscaling.metric.type: Engine`, `preheat_num_request
 Measured in one run of `benchmarks/autoscale.py` on the local harness (docs/e2e.md): the
 API emulator, the real operator (`preheat operator --autoscale-interval {a.interval}`, a
 subprocess), real `preheat serve` engines with the embedded SmolLM2-135M model, and the
-harness Router standing in for the Service (each request to a random Ready serving pod).
+clients in a process of their own with the harness Router standing in for the Service
+(each request to a random Ready serving pod, e2e/load_clients.py).
 Warm and cold trials alternate. Readiness probe: every 1 s, 1 s timeout, failure threshold
 {a.failure_threshold or "3 (the default)"}.
 

@@ -7,24 +7,30 @@ reads the load from the pods' /metrics, scales up, the warm pod is promoted and 
 share; the load stops, and after the (shortened) scale-down window the service is back at
 minReplicas — and every request succeeded.
 
-Router (HARNESS code, a stand-in for the Service and kube-proxy, which the local harness
-does not have): it lists the pods every 0.2 s and sends each new request to a random pod
-whose Ready condition is True and whose role is serving — the Service's endpoints rule.
+The clients and their Router (HARNESS code standing in for the Service) run in a process
+of their own, e2e/load_clients.py: in the test's event loop they would slow the API
+emulator and the kubelet's probes that share it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import random
+import json
+import signal
+import sys
+import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from e2e import manifests, scenario
+from e2e.load_clients import Load
 from e2e.scenario import Driver, Timings
 from e2e.waiting import eventually
 from preheat.operator.resources import CONFIGMAPS, INFERENCE_SERVICES, Resource
 
+ROOT = Path(__file__).resolve().parents[1]
 EVENTS = Resource("", "v1", "events")
 METRIC = "preheat_num_requests_running"
 TARGET_PER_POD = 4  # with 8 sequences per engine (manifests.ENGINE_ENV): half full
@@ -37,106 +43,41 @@ def autoscaling(max_replicas: int, down_window_s: int, up_window_s: int = 0) -> 
             "scaleDownStabilizationSeconds": down_window_s}
 
 
-class Router:
-    """Sends each request to a random Ready serving pod (see the module docstring)."""
+class LoadProcess:
+    """The clients (e2e/load_clients.py) as a process of their own: see its docstring."""
 
-    def __init__(self, d: Driver, service: str) -> None:
-        self.d, self.service = d, service
-        self.endpoints: list[str] = []
-        self._task: asyncio.Task | None = None
+    def __init__(self, d: Driver, service: str, clients: int, max_tokens: int) -> None:
+        self.args = ["--api", d.kube.server, "--namespace", d.namespace, "--service", service,
+                     "--clients", str(clients), "--max-tokens", str(max_tokens)]
+        self._dir = tempfile.TemporaryDirectory(prefix="preheat-load-")
+        self.out = Path(self._dir.name) / "load.json"
+        self.proc: asyncio.subprocess.Process | None = None
 
-    async def refresh(self) -> None:
-        names = (await scenario.ready_by_role(self.d, self.service))["serving"]
-        self.endpoints = [await self.d.endpoint(n) for n in sorted(names)]
+    async def start(self) -> float:
+        """Starts the clients; returns the (system-wide) monotonic time they started."""
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "e2e.load_clients", *self.args, "--out", str(self.out),
+            cwd=ROOT, stdout=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL)
+        assert self.proc.stdout is not None
+        line = await asyncio.wait_for(self.proc.stdout.readline(), 120)
+        assert line.startswith(b"started "), line
+        return float(line.split()[1])
 
-    async def _loop(self) -> None:
-        while True:
-            await asyncio.sleep(0.2)
-            try:
-                await self.refresh()
-            except Exception:  # a pod that went away between the list and the lookup
-                pass
+    async def stop(self) -> Load:
+        """No new requests; the ones in flight finish; returns what the clients saw."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        code = await asyncio.wait_for(self.proc.wait(), 300)
+        assert code == 0, f"load clients exited {code}"
+        raw = json.loads(self.out.read_text())
+        raw["ttft"] = [tuple(x) for x in raw["ttft"]]
+        return Load(**raw)
 
-    async def __aenter__(self) -> Router:
-        await self.refresh()
-        self._task = asyncio.create_task(self._loop())
-        return self
-
-    async def __aexit__(self, *exc: Any) -> None:
-        if self._task is not None:
-            self._task.cancel()
-
-    def pick(self) -> str | None:
-        """A Ready serving pod's URL; None when there is none (a Service without endpoints:
-        the request fails, as a client's connection would)."""
-        return random.choice(self.endpoints) if self.endpoints else None
-
-
-@dataclass
-class Load:
-    """What the clients saw: every request counts, none is retried (max_retries=0)."""
-    sent: int = 0
-    ok: int = 0
-    failed: int = 0
-    errors: list[str] = field(default_factory=list)
-    ttft: list[tuple[float, float]] = field(default_factory=list)  # (sent at, TTFT s)
-    by_endpoint: dict[str, int] = field(default_factory=dict)
-    ended_at: float | None = None  # monotonic time the last request finished
-
-
-async def run_clients(router: Router, service: str, clients: int, stop: asyncio.Event,
-                      load: Load, max_tokens: int = 24) -> None:
-    """`clients` concurrent streaming chat clients, each sending back to back until stop."""
-    from openai import AsyncOpenAI
-
-    sdk: dict[str, AsyncOpenAI] = {}
-
-    def client_for(url: str) -> AsyncOpenAI:
-        if url not in sdk:
-            sdk[url] = AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0,
-                                   timeout=120)
-        return sdk[url]
-
-    async def one_client(i: int) -> None:
-        n = 0
-        while not stop.is_set():
-            n += 1
-            url = router.pick()
-            load.sent += 1
-            if url is None:
-                load.failed += 1
-                load.errors.append("no Ready serving pod (the Service has no endpoints)")
-                await asyncio.sleep(0.2)
-                continue
-            load.by_endpoint[url] = load.by_endpoint.get(url, 0) + 1
-            start = time.monotonic()
-            first = None
-            tokens, finish = 0, None
-            try:
-                stream = await client_for(url).chat.completions.create(
-                    model=service, max_tokens=max_tokens, temperature=0.7, stream=True,
-                    messages=[{"role": "user",
-                               "content": f"Customer {i}-{n} asks: where is my parcel?"}])
-                async for chunk in stream:
-                    if chunk.choices and chunk.choices[0].delta.content:
-                        tokens += 1
-                        first = first or time.monotonic()
-                    if chunk.choices and chunk.choices[0].finish_reason:
-                        finish = chunk.choices[0].finish_reason
-                if finish not in ("stop", "length") or tokens == 0:
-                    raise RuntimeError(f"incomplete stream: finish={finish} tokens={tokens}")
-                load.ok += 1
-                load.ttft.append((start, (first or time.monotonic()) - start))
-            except Exception as e:  # every failure counts, whatever its kind
-                load.failed += 1
-                load.errors.append(f"{url}: {type(e).__name__}: {e}"[:300])
-
-    try:
-        await asyncio.gather(*(one_client(i) for i in range(clients)))
-    finally:
-        load.ended_at = time.monotonic()
-        for c in sdk.values():
-            await c.close()
+    async def close(self) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.kill()
+            await self.proc.wait()
+        self._dir.cleanup()
 
 
 async def replicas_of(d: Driver, service: str) -> int:
@@ -204,11 +145,11 @@ async def scale_on_load(d: Driver, service: str, *, warm_pool: int, clients: int
                 statuses.append(dict(st, seen_s=round(time.monotonic() - load_start, 3)))
             await asyncio.sleep(0.1)
 
-    load, stop_load, stop_watch = Load(), asyncio.Event(), asyncio.Event()
-    async with Router(d, service) as router:
-        load_start = time.monotonic()
-        clients_task = asyncio.create_task(
-            run_clients(router, service, clients, stop_load, load, max_tokens))
+    stop_watch = asyncio.Event()
+    clients_proc = LoadProcess(d, service, clients, max_tokens)
+    watcher = None
+    try:
+        load_start = await clients_proc.start()
         watcher = asyncio.create_task(watch_status(stop_watch))
         try:
             async def two_serving():
@@ -218,16 +159,15 @@ async def scale_on_load(d: Driver, service: str, *, warm_pool: int, clients: int
             t["load_start_to_second_ready_s"] = second_ready_at - load_start
             serving = set((await scenario.ready_by_role(d, service))["serving"])
             promoted = bool(serving & warm_before) and serving <= pods_before
-            t["requests_before_scale_up"] = load.sent
 
             hold_end = time.monotonic() + hold_s
             while time.monotonic() < hold_end:
                 replicas_seen.append(await replicas_of(d, service))
                 await asyncio.sleep(0.25)
         finally:
-            stop_load.set()
-            await clients_task
-        load_end = load.ended_at or time.monotonic()
+            load = await clients_proc.stop()
+        load_end = load.ended_at
+        t["requests_before_scale_up"] = sum(1 for sent, _ in load.ttft if sent < second_ready_at)
         t["load_s"] = load_end - load_start
 
         async def back_to_min():
@@ -238,8 +178,11 @@ async def scale_on_load(d: Driver, service: str, *, warm_pool: int, clients: int
                 and len(live) == 1
         await eventually(back_to_min, down_window_s + scenario.START_TIMEOUT_S, interval=0.05)
         t["load_end_to_min_s"] = time.monotonic() - load_end
+    finally:
         stop_watch.set()
-        await watcher
+        if watcher is not None:
+            await asyncio.gather(watcher, return_exceptions=True)
+        await clients_proc.close()
     if require_no_failures:
         assert load.failed == 0, (load.failed, load.errors[:5])
         assert load.ok == load.sent > 0
