@@ -94,6 +94,20 @@ def _ttft(outs: list[Outcome], after: bool) -> list[float]:
             if (sent >= o.second_ready_at) == after]
 
 
+def _per_trial(names: list[str], outs: list[Outcome]) -> str:
+    rows = ["| trial | ScaleUp in status (s) | 2nd Ready serving (s) | NoMetrics episodes "
+            "after load start | load end → min (s) | requests sent / failed |",
+            "| --- | --- | --- | --- | --- | --- |"]
+    for name, o in zip(names, outs):
+        up = next((st["seen_s"] for st in o.statuses if st["reason"] == "ScaleUp"), None)
+        blind = sum(1 for st in o.statuses if st["reason"] == "NoMetrics")
+        rows.append(f"| {name} | {'-' if up is None else f'{up:.1f}'} | "
+                    f"{o.timings.values['load_start_to_second_ready_s']:.1f} | {blind} | "
+                    f"{o.timings.values['load_end_to_min_s']:.1f} | "
+                    f"{o.load.sent} / {o.load.failed} |")
+    return "\n".join(rows)
+
+
 def _trail(o: Outcome) -> str:
     rows = ["| s after load start | reason | average running | desired |",
             "| --- | --- | --- | --- |"]
@@ -148,6 +162,17 @@ Scale-up under load is **{up_ratio:.1f}× faster warm than cold**. Requests: {se
 ({_failures(warm)}), cold trials {sum(o.load.sent for o in cold)} sent /
 {sum(o.load.failed for o in cold)} failed ({_failures(cold)}). Every warm trial's second
 serving pod was the former warm pod: {all(o.promoted for o in warm)}.
+
+Per trial — when `status.autoscaling` first showed the ScaleUp decision and when the second
+serving pod was Ready (both seconds after load start), how many times the status turned to
+`NoMetrics` after load start (no Ready serving pod answered: an overloaded engine failing its
+readiness probe is not asked, and then nothing can be decided), and the requests:
+
+{_per_trial([f"warm {i}" for i in range(len(warm))], warm)}
+{chr(10).join(_per_trial([f"cold {i}" for i in range(len(cold))], cold).splitlines()[2:])}
+
+A failed request "no Ready serving pod" is a client that found the Service without
+endpoints; it tries again every 0.2 s, and each try counts.
 
 Time to first token while the one pod was overloaded vs. once the second serving pod was
 Ready (all trials of a mode, p50 / p99 s):
