@@ -36,6 +36,7 @@ from e2e.local_cluster import LocalCluster, local_cluster  # noqa: E402
 from e2e.waiting import eventually  # noqa: E402
 
 INCOMPLETE: list[tuple[str, str]] = []  # (trial, why) for trials that did not finish
+LOADAVG: list[float] = []  # the machine's 1-minute load average, sampled at each trial's end
 
 
 async def trial(c: LocalCluster, service: str, warm_pool: int,
@@ -51,6 +52,7 @@ async def trial(c: LocalCluster, service: str, warm_pool: int,
     except AssertionError as e:  # a step's wait ran out: reported, not hidden
         INCOMPLETE.append((service, str(e)[:300]))
         print(f"{service}: INCOMPLETE: {e}", flush=True)
+    LOADAVG.append(os.getloadavg()[0])
     await scenario.delete_everything(c, service, scenario.Timings())
 
     async def quiet():  # no engine left running (or draining) before the next trial
@@ -195,7 +197,9 @@ What the numbers are made of:
   keeps 2 until {a.down_window} s after the last recommendation of 2; then the next pass
   sets 1 and the reconciler deletes (or demotes into the pool) one serving pod.
 - Load in this run also includes this script and the operator: all on one 2-core machine,
-  so absolute numbers are CPU-bound; compare the modes side by side.
+  so absolute numbers are CPU-bound; compare the modes side by side. The machine's 1-minute
+  load average at the end of each trial: {", ".join(f"{x:.1f}" for x in LOADAVG)} (other
+  work shared it; above 2 the engines, the operator and the harness wait for a core).
 
 The decisions of the first warm trial, as `status.autoscaling` showed them:
 
