@@ -101,6 +101,9 @@ class AsyncEngine:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout)
+        close = getattr(self.engine, "close", None)
+        if close is not None:
+            close()  # tensor-parallel workers stop with the engine
 
     @property
     def num_in_flight(self) -> int:

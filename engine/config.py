@@ -48,6 +48,13 @@ class EngineConfig:
         "'off' disables it."
     )
     seed: int = _opt("Seed for requests that give none.", 0)
+    tensor_parallel_size: int = _opt(
+        "Shard the model over this many ranks (Megatron-style tensor parallelism, one process "
+        "per rank: NCCL across GPUs cuda:0..N-1, gloo on CPU). Must divide the attention heads "
+        "and the MLP width; KV heads are split, or replicated when fewer than the ranks.",
+        1,
+        min=1,
+    )
 
     # --- KV pool and prefix cache ---
     page_size: int = _opt("Tokens per KV page.", 16, min=1, max=1024)

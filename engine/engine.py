@@ -23,6 +23,9 @@ from typing import Any
 import torch
 
 from preheat.engine.config import ConfigError, EngineConfig, default_chunked_prefill_size
+from preheat.engine.distributed.comm import all_reduce
+from preheat.engine.distributed.driver import DrivenModel
+from preheat.engine.distributed.launcher import TensorParallel
 from preheat.engine.dtypes import torch_dtype
 from preheat.engine.kernels import attention
 from preheat.engine.kv.cache_manager import KVCacheManager
@@ -98,7 +101,13 @@ class Engine:
         self.hf_dir = loaded.hf_dir  # lets benchmarks and tests load the same weights in transformers
         spec = loaded.spec
         moe_backend = select_moe_backend(self.device) if spec.moe is not None else "torch"
-        self.model = build_model(spec, loaded.hf_config, loaded.weights, self.device, self.dtype, moe_backend)
+        # Tensor parallel: the workers start now, read the checkpoint rank 0 just loaded and
+        # build their shards; rank 0 builds its own (engine/distributed/).
+        self.tp = TensorParallel.start(config, loaded, self.device, self.dtype) if config.tensor_parallel_size > 1 else None
+        self.model = build_model(
+            spec, loaded.hf_config, loaded.weights, self.device, self.dtype, moe_backend,
+            **({"sharder": self.tp.sharder(spec), "reduce": all_reduce} if self.tp else {}),
+        )  # fmt: skip
         del loaded  # the model holds what it needs; drop the checkpoint's own tensors
         self.attention_backend = attention.set_backend(self.device)
         self.load_seconds = time.monotonic() - started
@@ -121,16 +130,20 @@ class Engine:
             torch.cuda.get_device_properties(self.device).total_memory if self.device.type == "cuda" else 0,
         )
         fraction = config.mem_fraction_static or (0.85 if self.device.type == "cuda" else 0.10)
+        kv_heads = self.tp.local_kv_heads(spec.num_kv_heads) if self.tp else spec.num_kv_heads
+        if self.tp and self.device.type == "cpu":
+            fraction /= self.tp.size  # every rank's pool comes out of the same host memory
         num_pages = pool_pages(
-            spec.kv_bytes_per_token(self.kv_dtype),
+            spec.kv_bytes_per_token(self.kv_dtype) * kv_heads // spec.num_kv_heads,  # this rank's heads
             available_memory_bytes(self.device),
             fraction,
             config.page_size,
             config.max_total_tokens,
         )
-        self.pool = KVPool(
-            spec.num_layers, spec.num_kv_heads, spec.head_dim, num_pages, config.page_size, self.kv_dtype, self.device
-        )
+        pool_shape = (spec.num_layers, spec.num_kv_heads, spec.head_dim, num_pages, config.page_size, self.kv_dtype)
+        self.pool = self.tp.make_pool(*pool_shape) if self.tp else KVPool(*pool_shape, self.device)
+        if self.tp:
+            self.model = DrivenModel(self.model, self.tp)
         log.info(
             "kv pool: %d tokens in %d pages of %d, %.2f GiB; up to %d prompt tokens per step",
             self.pool.capacity_pages * config.page_size, self.pool.capacity_pages, config.page_size,
@@ -194,6 +207,18 @@ class Engine:
         self._deferred = 0
         self._calls: list[tuple[Any, tuple, concurrent.futures.Future]] = []
 
+    @property
+    def sharding(self) -> dict[str, Any]:
+        """How this engine is sharded, as a snapshot manifest records it. Snapshot KV holds
+        every KV head whatever the sharding (see engine/distributed/kv.py)."""
+        return {"tensor_parallel_size": self.tp.size if self.tp else 1, "kv_heads": "all"}
+
+    def close(self) -> None:
+        """Stops the tensor-parallel workers, if any (a single-rank engine holds nothing
+        that needs closing)."""
+        if self.tp is not None:
+            self.tp.close()
+
     # --- requests (any thread) -----------------------------------------------------------
     def add_request(
         self, prompt: str | list[int], params: SamplingParams | None = None, request_id: str | None = None
@@ -226,6 +251,8 @@ class Engine:
         return future
 
     def has_unfinished(self) -> bool:
+        if self.tp is not None:
+            self.tp.check()  # a dead worker ends the engine even while it idles
         with self._lock:
             pending = bool(self._inbox or self._aborts or self._calls)
         return pending or bool(self.waiting or self.running)

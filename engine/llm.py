@@ -34,6 +34,17 @@ class LLM:
     def tokenizer(self) -> Any:
         return self.engine.tokenizer
 
+    def close(self) -> None:
+        """Stops the tensor-parallel workers (`tensor_parallel_size` > 1); they also stop when
+        this process exits."""
+        self.engine.close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def generate(
         self,
         prompts: str | list[int] | Seq[str | list[int]],

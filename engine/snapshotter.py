@@ -116,7 +116,8 @@ class Snapshotter:
                 # An empty snapshot would become the newest and shadow a useful older one.
                 log.info("snapshot: nothing cached, nothing saved")
                 return SavedSnapshot(None, 0, 0, time.monotonic() - started)
-            path = save_snapshot(self.directory, engine.fingerprint, records, self.writer)
+            path = save_snapshot(self.directory, engine.fingerprint, records, self.writer,
+                                 sharding=getattr(engine, "sharding", None))
             tokens = sum(r.stored_tokens for r in records)
             self.metrics.snapshot_saved_tokens.set(tokens)
             return SavedSnapshot(str(path), tokens, len(records), time.monotonic() - started)

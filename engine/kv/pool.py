@@ -81,6 +81,23 @@ class KVPool:
     def bytes(self) -> int:
         return self.kv.numel() * self.kv.element_size()
 
+    def read_pages(self, pages: list[int]) -> torch.Tensor:
+        """KV of whole pages as [num_layers, 2, len(pages) * page_size, kvh, hd] on the CPU
+        (snapshot export, L2/L3 offload). A tensor-parallel rank 0 overrides this to gather
+        every rank's heads (engine/distributed/kv.py)."""
+        index = torch.tensor(pages, dtype=torch.int64, device=self.kv.device)
+        kv = self.kv.index_select(2, index)  # [L, 2, n, ps, kvh, hd]
+        L, two, n, ps, kvh, hd = kv.shape
+        return kv.reshape(L, two, n * ps, kvh, hd).to("cpu")
+
+    def write_pages(self, pages: list[int], kv: torch.Tensor) -> None:
+        """Inverse of read_pages."""
+        L, two, tokens, kvh, hd = kv.shape
+        ps = self.page_size
+        blocks = kv.reshape(L, two, tokens // ps, ps, kvh, hd).to(device=self.kv.device, dtype=self.kv.dtype)
+        index = torch.tensor(pages, dtype=torch.int64, device=self.kv.device)
+        self.kv.index_copy_(2, index, blocks)
+
 
 def available_memory_bytes(device: torch.device) -> int:
     if device.type == "cuda":

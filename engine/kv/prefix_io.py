@@ -16,20 +16,14 @@ from preheat.engine.kv.snapshot import PrefixRecord
 
 
 def read_pages(pool: KVPool, pages: list[int]) -> torch.Tensor:
-    """KV of whole pages as [num_layers, 2, len(pages) * page_size, kvh, hd] on the CPU."""
-    index = torch.tensor(pages, dtype=torch.int64, device=pool.kv.device)
-    kv = pool.kv.index_select(2, index)  # [L, 2, n, ps, kvh, hd]
-    L, two, n, ps, kvh, hd = kv.shape
-    return kv.reshape(L, two, n * ps, kvh, hd).to("cpu")
+    """KV of whole pages as [num_layers, 2, len(pages) * page_size, kvh, hd] on the CPU, every
+    KV head (under tensor parallelism the pool gathers them from the ranks)."""
+    return pool.read_pages(pages)
 
 
 def write_pages(pool: KVPool, pages: list[int], kv: torch.Tensor) -> None:
-    """Inverse of read_pages."""
-    L, two, tokens, kvh, hd = kv.shape
-    ps = pool.page_size
-    blocks = kv.reshape(L, two, tokens // ps, ps, kvh, hd).to(device=pool.kv.device, dtype=pool.kv.dtype)
-    index = torch.tensor(pages, dtype=torch.int64, device=pool.kv.device)
-    pool.kv.index_copy_(2, index, blocks)
+    """Inverse of read_pages (under tensor parallelism each rank gets its heads)."""
+    pool.write_pages(pages, kv)
 
 
 def export_prefixes(pool: KVPool, radix: RadixCache, max_tokens: int | None) -> list[PrefixRecord]:

@@ -288,10 +288,16 @@ def save_snapshot(
     *,
     keep: int = DEFAULT_KEEP,
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+    sharding: Mapping[str, Any] | None = None,
 ) -> Path:
     """Writes a snapshot atomically and returns its directory; then prunes all but the newest
     `keep`. Raises ValueError for records that do not match the fingerprint (a caller bug) and
-    OSError when the filesystem fails; a failed write leaves no partial snapshot behind."""
+    OSError when the filesystem fails; a failed write leaves no partial snapshot behind.
+
+    `sharding` records how the writing engine was sharded (its tensor-parallel size). It is
+    informational, not part of the fingerprint: records always hold every KV head (a
+    tensor-parallel engine gathers them), so a snapshot restores at any tensor-parallel size,
+    resharded by head on the way into the pool."""
     fingerprint = json.loads(json.dumps(dict(fingerprint)))
     for i, r in enumerate(records):
         _check_record(fingerprint, r, i)
@@ -313,6 +319,7 @@ def save_snapshot(
             "fingerprint": fingerprint,
             "created_at": created_ns / 1e9,
             "writer_id": writer_id,
+            "sharding": dict(sharding or {"tensor_parallel_size": 1}),
             "files": files,
             "prefixes": entries,
         }

@@ -15,8 +15,9 @@ from typing import Any
 
 import torch
 
+from preheat.engine.distributed.sharding import Sharder
 from preheat.engine.kernels.backend import choose_backend
-from preheat.engine.model.decoder import DecoderLayer, DecoderModel
+from preheat.engine.model.decoder import DecoderLayer, DecoderModel, Reduce
 from preheat.engine.model.layers import Attention, DenseMLP
 from preheat.engine.model.moe import ExpertsFn, SparseMoE, grouped_experts_torch
 from preheat.engine.model.rope import RotaryEmbedding, rope_inv_freq
@@ -29,11 +30,15 @@ MOE_BACKEND_ENV = "PREHEAT_MOE_BACKEND"
 
 def build_model(
     spec: ModelSpec, hf_config: Any, hf: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype,
-    moe_backend: str = "torch",
+    moe_backend: str = "torch", sharder: Sharder | None = None, reduce: Reduce | None = None,
 ) -> DecoderModel:  # fmt: skip
     """The model on `device`. `moe_backend` ("torch" or "triton", see choose_moe_backend)
-    picks the experts implementation; it only matters for models with experts."""
+    picks the experts implementation; it only matters for models with experts. A
+    tensor-parallel rank passes its `sharder` (which slice of each weight it holds; sliced
+    on the host, so only the slice reaches the device) and `reduce` (the all-reduce after
+    o_proj and down_proj, engine/distributed/sharding.py)."""
     experts_fn, graphs_off = _experts_impl(moe_backend) if spec.moe is not None else (grouped_experts_torch, None)
+    shard = sharder or Sharder(spec)
 
     def get(name: str) -> torch.Tensor:
         return hf[name].to(device)
@@ -45,31 +50,32 @@ def build_model(
     for i in range(spec.num_layers):
         p = f"model.layers.{i}."
         a = p + "self_attn."
-        qkv = torch.cat([hf[a + "q_proj.weight"], hf[a + "k_proj.weight"], hf[a + "v_proj.weight"]]).to(device)
+        qkv = shard.qkv(hf[a + "q_proj.weight"], hf[a + "k_proj.weight"], hf[a + "v_proj.weight"]).to(device)
         qkv_bias = None
         if spec.qkv_bias:
-            qkv_bias = torch.cat([hf[a + "q_proj.bias"], hf[a + "k_proj.bias"], hf[a + "v_proj.bias"]]).to(device)
+            qkv_bias = shard.qkv(hf[a + "q_proj.bias"], hf[a + "k_proj.bias"], hf[a + "v_proj.bias"]).to(device)
         attn = Attention(
-            qkv, get(a + "o_proj.weight"), spec.num_heads, spec.num_kv_heads, spec.head_dim,
+            qkv, shard.o(hf[a + "o_proj.weight"]).to(device), shard.heads.q_count, shard.heads.kv_count,
+            spec.head_dim,
             qkv_bias=qkv_bias,
-            o_bias=get(a + "o_proj.bias") if spec.o_bias else None,
+            o_bias=shard.reduced_bias(get(a + "o_proj.bias")) if spec.o_bias else None,
             q_norm=get(a + "q_norm.weight") if spec.qk_norm else None,
             k_norm=get(a + "k_norm.weight") if spec.qk_norm else None,
             norm_eps=spec.rms_norm_eps,
         )  # fmt: skip
         if spec.is_sparse(i):
-            mlp: DenseMLP | SparseMoE = _sparse_moe(spec, hf, p, device, experts_fn)
+            mlp: DenseMLP | SparseMoE = _sparse_moe(spec, hf, p, device, experts_fn, shard)
         else:
             m = p + "mlp."
             mlp = DenseMLP(
-                torch.cat([hf[m + "gate_proj.weight"], hf[m + "up_proj.weight"]]).to(device),
-                get(m + "down_proj.weight"),
-                torch.cat([hf[m + "gate_proj.bias"], hf[m + "up_proj.bias"]]).to(device) if spec.mlp_bias else None,
-                get(m + "down_proj.bias") if spec.mlp_bias else None,
+                shard.gate_up(hf[m + "gate_proj.weight"], hf[m + "up_proj.weight"]).to(device),
+                shard.down(hf[m + "down_proj.weight"]).to(device),
+                shard.gate_up(hf[m + "gate_proj.bias"], hf[m + "up_proj.bias"]).to(device) if spec.mlp_bias else None,
+                shard.reduced_bias(get(m + "down_proj.bias")) if spec.mlp_bias else None,
             )
         layers.append(
             DecoderLayer(get(p + "input_layernorm.weight"), attn, get(p + "post_attention_layernorm.weight"), mlp,
-                         spec.rms_norm_eps)
+                         spec.rms_norm_eps, reduce)
         )  # fmt: skip
     embed = get("model.embed_tokens.weight")
     lm_head = embed if spec.tie_word_embeddings else get("lm_head.weight")
@@ -79,10 +85,11 @@ def build_model(
 
 
 def _sparse_moe(spec: ModelSpec, hf: dict[str, torch.Tensor], prefix: str, device: torch.device,
-                experts_fn: ExpertsFn) -> SparseMoE:  # fmt: skip
+                experts_fn: ExpertsFn, shard: Sharder) -> SparseMoE:  # fmt: skip
     moe = spec.moe
     assert moe is not None
     router_name, w13, w2 = expert_tensors(hf, prefix, moe.num_experts, moe.intermediate_size, spec.hidden_size)
+    w13, w2 = shard.experts(w13, w2)
     return SparseMoE(hf[router_name].to(device), w13.to(device), w2.to(device), moe.top_k, moe.renormalize,
                      experts_fn)  # fmt: skip
 

@@ -11,6 +11,8 @@ ModelSpec carries.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -20,7 +22,11 @@ from preheat.engine.model.moe import SparseMoE
 from preheat.engine.model.rope import RotaryEmbedding
 from preheat.engine.model.spec import ModelSpec
 
-__all__ = ["AttentionMetadata", "DecoderLayer", "DecoderModel", "padded_rows"]
+__all__ = ["AttentionMetadata", "DecoderLayer", "DecoderModel", "Reduce", "padded_rows"]
+
+# Sums a row-parallel layer's partial output over the tensor-parallel ranks (in place or not;
+# returns the sum). None on a single rank.
+Reduce = Callable[[torch.Tensor], torch.Tensor]
 
 
 def padded_rows(n: int) -> int:
@@ -38,16 +44,22 @@ def padded_rows(n: int) -> int:
 
 class DecoderLayer:
     def __init__(
-        self, input_norm: torch.Tensor, attn: Attention, post_norm: torch.Tensor, mlp: DenseMLP | SparseMoE, eps: float
-    ) -> None:
+        self, input_norm: torch.Tensor, attn: Attention, post_norm: torch.Tensor, mlp: DenseMLP | SparseMoE, eps: float,
+        reduce: Reduce | None = None,
+    ) -> None:  # fmt: skip
         self.input_norm, self.attn, self.post_norm, self.mlp, self.eps = input_norm, attn, post_norm, mlp, eps
+        # Tensor parallel: o_proj and down_proj are row-parallel, so each rank's attention and
+        # MLP outputs are partial sums; `reduce` all-reduces them before the residual add.
+        self.reduce = reduce
 
     def weights(self) -> list[torch.Tensor]:
         return [self.input_norm, self.post_norm, *self.attn.weights(), *self.mlp.weights()]
 
     def forward(self, h: torch.Tensor, ctx: StepContext, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
-        h = h + self.attn.forward(rms_norm(h, self.input_norm, self.eps), ctx, k_cache, v_cache)
-        return h + self.mlp.forward(rms_norm(h, self.post_norm, self.eps))
+        a = self.attn.forward(rms_norm(h, self.input_norm, self.eps), ctx, k_cache, v_cache)
+        h = h + (a if self.reduce is None else self.reduce(a))
+        m = self.mlp.forward(rms_norm(h, self.post_norm, self.eps))
+        return h + (m if self.reduce is None else self.reduce(m))
 
 
 class DecoderModel:
