@@ -91,7 +91,16 @@ class Engine:
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
         started = time.monotonic()
-        loaded = load_model(config.model, self.dtype, config.weight_cache_dir)
+        # Tensor parallel: the workers start first (their start-up overlaps this load), read
+        # the checkpoint themselves and build their shards (engine/distributed/).
+        self.tp = TensorParallel.launch(config, self.device, self.dtype) if config.tensor_parallel_size > 1 else None
+        try:
+            loaded = load_model(config.model, self.dtype, config.weight_cache_dir)
+            if self.tp is not None:
+                self.tp.join(loaded)
+        except BaseException:
+            self.close()
+            raise
         self.hf_config = loaded.hf_config
         self.model_config = loaded.spec
         self.tokenizer = loaded.tokenizer
@@ -101,9 +110,6 @@ class Engine:
         self.hf_dir = loaded.hf_dir  # lets benchmarks and tests load the same weights in transformers
         spec = loaded.spec
         moe_backend = select_moe_backend(self.device) if spec.moe is not None else "torch"
-        # Tensor parallel: the workers start now, read the checkpoint rank 0 just loaded and
-        # build their shards; rank 0 builds its own (engine/distributed/).
-        self.tp = TensorParallel.start(config, loaded, self.device, self.dtype) if config.tensor_parallel_size > 1 else None
         self.model = build_model(
             spec, loaded.hf_config, loaded.weights, self.device, self.dtype, moe_backend,
             **({"sharder": self.tp.sharder(spec), "reduce": all_reduce} if self.tp else {}),

@@ -21,7 +21,7 @@ from preheat.operator.resources import (
     ROLE_SERVING,
     WARM_CONDITION,
 )
-from preheat.operator.spec import ServiceSpec
+from preheat.operator.spec import GPU_RESOURCE, ServiceSpec
 
 ENGINE_PORT = 8000  # DESIGN.md contract
 TEMPLATES_DIR = "/etc/preheat/warmup-templates"
@@ -94,6 +94,8 @@ def _engine_env(name: str, spec: ServiceSpec) -> list[dict[str, Any]]:
         "HOME": "/tmp",
         "XDG_CACHE_HOME": CACHE_DIR,
     }
+    if spec.engine.tensor_parallel_size > 1:
+        env["PREHEAT_TENSOR_PARALLEL_SIZE"] = str(spec.engine.tensor_parallel_size)
     if spec.warmup_templates:
         env["PREHEAT_WARMUP_TEMPLATES"] = TEMPLATES_DIR
     if spec.snapshot.enabled:
@@ -105,11 +107,32 @@ def _engine_env(name: str, spec: ServiceSpec) -> list[dict[str, Any]]:
     return [e for e in ours if e["name"] not in user_names] + [dict(e) for e in spec.engine.env]
 
 
+def shm_volume(tensor_parallel_size: int) -> dict[str, Any]:
+    """/dev/shm: memory-backed (torch shares tensors through it; the container runtime's
+    default is 64 MiB). With tensor parallelism NCCL keeps its shared-memory transport
+    buffers there, which grow with the number of peers: capped at 1 GiB per rank (it counts
+    against the pod's memory limit only as far as it is used)."""
+    if tensor_parallel_size > 1:
+        return {"medium": "Memory", "sizeLimit": f"{tensor_parallel_size}Gi"}
+    return {"medium": "Memory"}
+
+
+def engine_resources(spec: ServiceSpec) -> dict[str, Any]:
+    """The container's resources: the user's, plus one GPU per tensor-parallel rank as
+    limits["nvidia.com/gpu"] (the scheduler then requests the same; parse_spec refused a
+    user value that disagrees). A single-rank pod gets exactly what the user wrote."""
+    resources = {k: dict(v) for k, v in spec.engine.resources.items()}
+    size = spec.engine.tensor_parallel_size
+    if size > 1:
+        resources.setdefault("limits", {})[GPU_RESOURCE] = size
+    return resources
+
+
 def _volumes(name: str, spec: ServiceSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     volumes: list[dict[str, Any]] = [
         {"name": "tmp", "emptyDir": {}},
         {"name": "cache", "emptyDir": {}},
-        {"name": "dshm", "emptyDir": {"medium": "Memory"}},  # torch shared memory
+        {"name": "dshm", "emptyDir": shm_volume(spec.engine.tensor_parallel_size)},
     ]
     mounts: list[dict[str, Any]] = [
         {"name": "tmp", "mountPath": "/tmp"},
@@ -160,8 +183,9 @@ def pod_spec(name: str, spec: ServiceSpec) -> dict[str, Any]:
     }
     if spec.engine.image_pull_policy:
         container["imagePullPolicy"] = spec.engine.image_pull_policy
-    if spec.engine.resources:
-        container["resources"] = spec.engine.resources
+    resources = engine_resources(spec)
+    if resources:
+        container["resources"] = resources
     out: dict[str, Any] = {
         "containers": [container],
         "volumes": volumes,

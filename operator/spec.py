@@ -41,6 +41,7 @@ class EngineSpec:
     resources: dict[str, Any] = field(default_factory=dict)
     node_selector: dict[str, str] = field(default_factory=dict)
     tolerations: tuple[dict[str, Any], ...] = ()
+    tensor_parallel_size: int = 1  # GPUs (ranks) per pod; > 1 requests that many nvidia.com/gpu
 
 
 @dataclass(frozen=True)
@@ -148,6 +149,25 @@ def _parse_autoscaling(auto: Mapping[str, Any]) -> AutoscalingSpec:
     return autoscaling
 
 
+GPU_RESOURCE = "nvidia.com/gpu"
+
+
+def _tensor_parallel_size(engine: Mapping[str, Any]) -> int:
+    """spec.engine.tensorParallelSize, checked against GPUs the user asked for themselves:
+    a pod with N ranks needs exactly N GPUs (the operator requests them)."""
+    size = engine.get("tensorParallelSize", 1)
+    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+        raise SpecError("InvalidSpec", f"engine.tensorParallelSize must be a positive integer, got {size!r}")
+    if size > 1:
+        resources = engine.get("resources") or {}
+        for kind in ("limits", "requests"):
+            given = (resources.get(kind) or {}).get(GPU_RESOURCE)
+            if given is not None and str(given) != str(size):
+                raise SpecError("InvalidSpec", f"engine.resources.{kind}[{GPU_RESOURCE!r}] is {given} but "
+                                f"engine.tensorParallelSize is {size}: each rank needs its own GPU")  # fmt: skip
+    return size
+
+
 def parse_spec(spec: Mapping[str, Any]) -> ServiceSpec:
     model = spec.get("model") or {}
     chosen = [k for k in ("path", "pvc", "uri") if model.get(k)]
@@ -179,6 +199,7 @@ def parse_spec(spec: Mapping[str, Any]) -> ServiceSpec:
             resources=dict(engine.get("resources") or {}),
             node_selector=dict(engine.get("nodeSelector") or {}),
             tolerations=tuple(engine.get("tolerations") or ()),
+            tensor_parallel_size=_tensor_parallel_size(engine),
         ),
         replicas=_nonneg(spec.get("replicas", 1), "replicas"),
         warm_pool_size=_nonneg((spec.get("warmPool") or {}).get("size", 0), "warmPool.size"),

@@ -2,8 +2,9 @@
 stop them.
 
 The workers are `python -m preheat.engine.distributed.worker` processes (one per rank
-1..N-1), started after rank 0 has loaded the checkpoint (so a GGUF is converted once, into
-the weight cache, and the workers read that). They meet rank 0 through a TCPStore on
+1..N-1), started before rank 0 loads the checkpoint so their start-up overlaps it; they read
+a Hugging Face directory themselves and, for a GGUF, wait until rank 0 has converted it once
+into the weight cache, then read that. They meet rank 0 through a TCPStore on
 127.0.0.1 (a free port chosen by the OS); settings travel as JSON through the store and the
 command line, never pickled.
 
@@ -67,29 +68,38 @@ class TensorParallel:
     # ------------------------------------------------------------ start
 
     @classmethod
-    def start(cls, config: Any, loaded: Any, device: torch.device, dtype: torch.dtype) -> TensorParallel:
-        """Checks the model can be split, starts the workers and waits until each has built
-        its shard and joined the process group. Cleans up and raises when any of that fails."""
+    def launch(cls, config: Any, device: torch.device, dtype: torch.dtype) -> TensorParallel:
+        """Starts the workers, before rank 0 loads the checkpoint, so their start-up (Python,
+        torch) overlaps rank 0's load. A worker of a Hugging Face directory loads its shard at
+        once; for a GGUF it waits for the directory rank 0 converts it into (`join`)."""
         size = config.tensor_parallel_size
-        check_tp_size(loaded.spec, size)
+        if dist.is_initialized():  # the group is the process's default one
+            raise TensorParallelError("one tensor-parallel engine per process: close the other one first")
         if device.type == "cuda" and (device.index or 0) + size > torch.cuda.device_count():
             raise TensorParallelError(f"--tensor-parallel-size {size} needs {size} GPUs from {device}, "
                                       f"{torch.cuda.device_count()} visible")  # fmt: skip
+        weights_dir = config.model if config.model and os.path.isdir(config.model) else None
+        if weights_dir is not None:  # refuse a size that does not divide before starting anyone
+            from transformers import AutoConfig
+
+            from preheat.engine.model.spec import ModelSpec
+
+            check_tp_size(ModelSpec.from_hf_config(AutoConfig.from_pretrained(weights_dir)), size)
         tp = cls(size, device)
         atexit.register(tp.close)
         try:
-            tp._launch(config, loaded, dtype)
+            tp._spawn(config, dtype, weights_dir)
         except BaseException:
             tp.close()
             raise
         return tp
 
-    def _launch(self, config: Any, loaded: Any, dtype: torch.dtype) -> None:
+    def _spawn(self, config: Any, dtype: torch.dtype, weights_dir: str | None) -> None:
         self._store = dist.TCPStore("127.0.0.1", 0, self.size, True, timeout=timedelta(seconds=STARTUP_TIMEOUT_S),
                                     wait_for_workers=False)  # fmt: skip
         read_end, self._lifeline = os.pipe()
         model = {
-            "weights_dir": loaded.hf_dir,  # the directory rank 0 read (the weight cache for a GGUF)
+            "weights_dir": weights_dir,  # None: ask the store once rank 0 has loaded
             "source": config.model,
             "weight_cache_dir": config.weight_cache_dir,
             "dtype": dtype_name(dtype),
@@ -109,6 +119,13 @@ class TensorParallel:
             os.close(read_end)  # only the workers hold it now
         log.info("tensor parallel: started %d worker(s) (pids %s), %s backend", self.size - 1,
                  ", ".join(str(p.pid) for p in self.procs), backend_for(self.device))  # fmt: skip
+
+    def join(self, loaded: Any) -> None:
+        """After rank 0 loaded the checkpoint: tells the workers where it is (the weight-cache
+        directory of a converted GGUF), waits until each has built its shard, and joins the
+        process group with them."""
+        check_tp_size(loaded.spec, self.size)
+        self._store.set(STORE_PREFIX + "weights", json.dumps({"weights_dir": loaded.hf_dir}))
         self._wait_for("loaded", "to load their shards")
         self.comm = Comm.init(self._store, 0, self.size, self.device, COLLECTIVE_TIMEOUT_S)
         self._monitor = threading.Thread(target=self._watch, name="tp-monitor", daemon=True)
@@ -201,7 +218,7 @@ class TensorParallel:
             for rank, proc in enumerate(self.procs, start=1):
                 code = proc.poll()
                 if code is not None and not self._closing:
-                    self._fail(f"worker rank {rank} (pid {proc.pid}) exited with code {code}")
+                    self._fail(f"tensor-parallel worker rank {rank} (pid {proc.pid}) exited with code {code}")
                     self._abort_collectives()
                     return
             time.sleep(MONITOR_PERIOD_S)

@@ -77,8 +77,11 @@ def run(args: dict[str, Any]) -> None:
     else:  # the ranks share the host's cores
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // size))
     store = dist.TCPStore("127.0.0.1", int(args["port"]), size, False, timeout=timedelta(seconds=args["timeout_s"]))
-    dtype = torch_dtype(args["model"]["dtype"])
-    hf_config, spec, tensors = _load(args["model"], dtype)
+    model_args = dict(args["model"])
+    if not model_args.get("weights_dir"):  # a GGUF: rank 0 converts it, then says where to
+        model_args.update(json.loads(store.get(STORE_PREFIX + "weights")))
+    dtype = torch_dtype(model_args["dtype"])
+    hf_config, spec, tensors = _load(model_args, dtype)
     moe_backend = select_moe_backend(device) if spec.moe is not None else "torch"
     model = build_model(spec, hf_config, tensors, device, dtype, moe_backend, sharder=Sharder(spec, size, rank),
                         reduce=all_reduce)  # fmt: skip

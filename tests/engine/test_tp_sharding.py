@@ -141,11 +141,12 @@ def run_model(model, spec, heads: int, inputs) -> list[torch.Tensor]:
     return [model.logits(model.forward(ids, meta, pool)) for ids, meta in inputs]
 
 
-@pytest.mark.parametrize("family", ["llama-biases", "llama-one-kv-head", "qwen3", "qwen3_moe", "mixtral"])
+@pytest.mark.parametrize("family", ["llama-biases", "llama-one-kv-head", "qwen2", "qwen3", "qwen3_moe", "mixtral"])
 def test_two_ranks_compute_what_one_does(family, tmp_path, smollm_tokenizer):
     arch, overrides = {
         "llama-biases": ("llama", {"attention_bias": True, "mlp_bias": True}),
         "llama-one-kv-head": ("llama", {"num_key_value_heads": 1}),
+        "qwen2": ("qwen2", {}),
         "qwen3": ("qwen3", {}),
         "qwen3_moe": ("qwen3_moe", {}),
         "mixtral": ("mixtral", {}),
