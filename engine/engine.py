@@ -118,10 +118,10 @@ class Engine:
         self.attention_backend = attention.set_backend(self.device)
         self.load_seconds = time.monotonic() - started
         log.info(
-            "model: %s (%s, %d layers, %d heads / %d KV heads, head_dim %d) on %s in %s, loaded in %.1fs",
+            "model: %s (%s, %d layers, %d heads / %d KV heads, head_dim %d) on %s in %s%s, loaded in %.1fs",
             self.served_model_name, spec.architecture, spec.num_layers, spec.num_heads,
             spec.num_kv_heads, spec.head_dim, self.device, str(self.dtype).removeprefix("torch."),
-            self.load_seconds,
+            f", tensor parallel over {self.tp.size} ranks" if self.tp else "", self.load_seconds,
         )
 
         self.max_model_len = min(config.max_model_len or spec.max_position_embeddings, spec.max_position_embeddings)

@@ -168,8 +168,10 @@ class TensorParallel:
 
     @contextlib.contextmanager
     def exclusive(self) -> Iterator[None]:
-        """Holds the group for one operation; a failed collective becomes a
-        TensorParallelFailure (and the group is failed for good)."""
+        """Holds the group for one operation (a message and the collectives that follow it).
+        Anything raised in between leaves the ranks out of step — the workers wait for a
+        collective rank 0 will not issue — so it fails the group for good, as a
+        TensorParallelFailure."""
         with self._lock:
             self.check()
             try:
@@ -177,10 +179,8 @@ class TensorParallel:
             except TensorParallelFailure:
                 raise
             except Exception as exc:
-                if isinstance(exc, RuntimeError) or self._worker_gone():
-                    self._fail(f"a tensor-parallel collective failed: {exc}")
-                    raise self.failure from exc  # type: ignore[misc]
-                raise
+                self._fail(f"a tensor-parallel step failed, the ranks are out of step: {type(exc).__name__}: {exc}")
+                raise self.failure from exc  # type: ignore[misc]
 
     def send(self, op: Op, payload: torch.Tensor | None = None) -> None:
         assert self.comm is not None
@@ -204,9 +204,6 @@ class TensorParallel:
         """Raises the group's failure, if any (a worker died, a collective failed)."""
         if self.failure is not None:
             raise self.failure
-
-    def _worker_gone(self) -> bool:
-        return any(p.poll() is not None for p in self.procs)
 
     def _fail(self, message: str) -> None:
         if self.failure is None:

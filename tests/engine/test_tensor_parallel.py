@@ -13,9 +13,11 @@ import json
 
 import pytest
 import torch
+import torch.distributed
 from tiny_models import build_tiny_model
 
 from preheat.engine import LLM
+from preheat.engine.distributed.sharding import TensorParallelError
 from preheat.engine.kv.snapshot import load_latest_snapshot, save_snapshot
 from preheat.engine.sampling_params import SamplingParams
 
@@ -32,6 +34,12 @@ def prompts(tokenizer) -> list[list[int]]:
 
 def generate(llm: LLM, batch: list[list[int]]) -> list[list[int]]:
     return [r.token_ids for r in llm.generate(batch, GREEDY)]
+
+
+def test_a_size_that_does_not_divide_the_model_is_refused_before_any_worker_starts(tiny_llama_dir):
+    with pytest.raises(TensorParallelError, match="--tensor-parallel-size 3 does not divide .*4 attention heads"):
+        LLM(str(tiny_llama_dir), tensor_parallel_size=3, **ENGINE)
+    assert not torch.distributed.is_initialized()
 
 
 @pytest.mark.parametrize("family", ["tiny_llama_dir", "tiny_qwen3_dir", "tiny_qwen3_moe_dir"])
