@@ -77,6 +77,12 @@ class EngineConfig:
 
     # --- scheduler ---
     max_num_seqs: int = _opt("Most requests running at once.", 64, min=1)
+    max_queue_len: int = _opt(
+        "Most requests waiting to start (each choice of each prompt counts); a request that "
+        "would exceed it is answered 429 with Retry-After.",
+        1024,
+        min=1,
+    )
     chunked_prefill_size: int | None = _opt(
         "Most prompt tokens computed in one step; longer prompts are split so running "
         "decodes are not stalled (default: 512 on CPU; on a GPU 2048, or 8192 with 40 GiB "
@@ -92,7 +98,10 @@ class EngineConfig:
     # --- server ---
     host: str = _opt("Address to bind.", "0.0.0.0")
     port: int = _opt("Port to bind.", 8000, min=1, max=65535)
-    api_key: str | None = _opt("If set, requests must send `Authorization: Bearer <key>`.")
+    api_key: str | None = _opt(
+        "If set, requests must send `Authorization: Bearer <key>`. An empty value is an error "
+        "(it would otherwise turn authentication off unnoticed)."
+    )
     log_level: str = _opt("Log level.", "info", choices=LOG_LEVELS)
     shutdown_timeout: float = _opt(
         "Seconds to let in-flight requests finish after SIGTERM.", 25.0, min=0.0
@@ -104,6 +113,18 @@ class EngineConfig:
         "auto: the one the chat template shows, else hermes.",
         "auto",
         choices=TOOL_CALL_PARSERS,
+    )
+    max_request_prompt_tokens: int = _opt(
+        "Most prompt tokens one request may bring, summed over its prompts and choices "
+        "(prompts x n); more is a 400.",
+        262144,
+        min=1,
+    )
+    grammar_compile_timeout: float = _opt(
+        "Seconds a regex or JSON schema may take to compile; a longer compile is stopped "
+        "and the request answered 400.",
+        10.0,
+        min_excl=0.0,
     )
 
     # --- warm start ---
@@ -169,8 +190,15 @@ def validate(cfg: EngineConfig) -> None:
             raise ConfigError(f"{flag}: {value} must be greater than {meta['min_excl']}")
         if "max" in meta and value > meta["max"]:
             raise ConfigError(f"{flag}: {value} is above the maximum {meta['max']}")
+    if cfg.api_key is not None and not cfg.api_key.strip():
+        raise ConfigError("--api-key: the key is empty; give a key, or leave the flag and PREHEAT_API_KEY unset")
     if cfg.max_total_tokens is not None and cfg.max_total_tokens < cfg.page_size:
         raise ConfigError("--max-total-tokens must hold at least one page")
+
+
+# Optional settings where an empty value is a mistake to report rather than "unset": an empty
+# API key must not switch authentication off.
+_EMPTY_IS_AN_ERROR = {"api_key"}
 
 
 def _field_type(f: dataclasses.Field) -> type:
@@ -227,7 +255,7 @@ def from_namespace(ns: argparse.Namespace, environ: dict[str, str] | None = None
         try:
             if kind is bool:
                 values[f.name] = raw if isinstance(raw, bool) else _parse_bool(raw)
-            elif raw == "" and f.default is None:
+            elif raw == "" and f.default is None and f.name not in _EMPTY_IS_AN_ERROR:
                 values[f.name] = None
             else:
                 values[f.name] = kind(raw)

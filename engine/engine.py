@@ -7,6 +7,11 @@ forward pass and sampling, engine/runner.py) and *postprocess* (progress, new to
 checks, outputs). Requests are validated and built by engine/request_builder.py.
 `add_request`, `abort_request` and `call_soon` may be called from other threads; everything
 else runs on the stepping thread.
+
+A request can fail, the engine cannot: an exception while admitting, preparing, sampling
+or detokenizing one sequence ends that sequence with finish_reason "error" (its pages freed)
+and the step goes on for the others. Only an exception from the forward pass itself leaves
+`step()`, and the caller (engine/async_engine.py) then declares the engine dead.
 """
 
 from __future__ import annotations
@@ -36,13 +41,16 @@ from preheat.engine.kv.tiers import KVTiers
 from preheat.engine.model.build import build_model, select_moe_backend
 from preheat.engine.model.loader import load_model
 from preheat.engine.request_builder import RequestBuilder, default_stop_ids
-from preheat.engine.runner import BatchEntry, ModelRunner
+from preheat.engine.request_errors import QueueFull
+from preheat.engine.runner import BatchEntry, EntryFailed, ModelRunner
 from preheat.engine.sampling import SampleResult
 from preheat.engine.sampling_params import SamplingParams
 from preheat.engine.scheduler import SeqView, StepPlan, next_tokens_key, plan_step
 from preheat.engine.sequence import RequestOutput, Sequence, Status, TokenLogprob
 
 log = logging.getLogger(__name__)
+
+QUEUE_RETRY_AFTER_S = 1.0  # what a 429 for a full queue tells the client to wait
 
 
 @dataclass
@@ -57,6 +65,7 @@ class EngineStats:
     generation_tokens_total: int
     preemptions_total: int
     deferred_total: int = 0  # admissions put off a step for a sharer computing their prefix
+    failed_total: int = 0  # requests ended by an error of their own (finish_reason "error")
 
     @property
     def kv_usage(self) -> float:
@@ -183,7 +192,9 @@ class Engine:
         try:
             from preheat.engine import structured
 
-            self.grammar_backend = structured.GrammarBackend(self.tokenizer, spec.vocab_size)
+            self.grammar_backend = structured.GrammarBackend(
+                self.tokenizer, spec.vocab_size, compile_timeout=config.grammar_compile_timeout
+            )
             grammar_masks = structured.apply_grammar_masks
         except ImportError as exc:  # structured output is optional for the core engine
             log.warning("structured output unavailable: %s", exc)
@@ -200,6 +211,7 @@ class Engine:
         self.requests = RequestBuilder(
             self.tokenizer, spec.vocab_size, self.max_model_len, self.pool.capacity_pages, self.pool.page_size,
             default_stop_ids(self.tokenizer, self.hf_config), self.grammar_backend, self.device, config.seed,
+            config.max_request_prompt_tokens,
         )
         self._inbox: list[Sequence] = []
         self._aborts: set[str] = set()
@@ -211,7 +223,10 @@ class Engine:
         self._generation_tokens = 0
         self._preemptions = 0
         self._deferred = 0
+        self._failed = 0
         self._calls: list[tuple[Any, tuple, concurrent.futures.Future]] = []
+        # The sequences the last plan() looked at: the running ones and the head of the line.
+        self._planned: dict[str, Sequence] = {}
 
     @property
     def sharding(self) -> dict[str, Any]:
@@ -240,9 +255,31 @@ class Engine:
         return self.requests.build(prompt, params, request_id)
 
     def enqueue(self, seq: Sequence) -> str:
+        """Queues a built sequence, however long the line (the Python API's batches)."""
         with self._lock:
             self._inbox.append(seq)
         return seq.request_id
+
+    def enqueue_all(self, seqs: list[Sequence]) -> list[str]:
+        """Queues all of one request's sequences or none: raises QueueFull when they would
+        make more than `max_queue_len` sequences wait (the server's backpressure)."""
+        with self._lock:
+            waiting = len(self._inbox) + len(self.waiting)
+            limit = self.config.max_queue_len
+            if waiting + len(seqs) > limit:
+                raise QueueFull(
+                    "queue_full",
+                    f"the server is at capacity: {waiting} requests are waiting to start and at most "
+                    f"{limit} may (--max-queue-len); retry later",
+                    retry_after=QUEUE_RETRY_AFTER_S,
+                )
+            self._inbox.extend(seqs)
+        return [s.request_id for s in seqs]
+
+    def check_request_budget(self, prompt_tokens: int, param: str = "prompt") -> None:
+        """Raises RequestRejected when one request's sequences together bring more prompt
+        tokens than `--max-request-prompt-tokens`."""
+        self.requests.check_request_budget(prompt_tokens, param)
 
     def abort_request(self, request_id: str) -> None:
         with self._lock:
@@ -275,19 +312,36 @@ class Engine:
             generation_tokens_total=self._generation_tokens,
             preemptions_total=self._preemptions,
             deferred_total=self._deferred,
+            failed_total=self._failed,
         )
 
     # --- the step: schedule -> apply -> run -> postprocess ---------------------------------
     def step(self) -> list[RequestOutput]:
         outputs = self._drain_inbox()
         plan = self.plan()
-        decode, extend = self._apply(plan)
+        decode, extend = self._apply(plan, outputs)
         if not decode and not extend:
             self._fail_unrunnable(outputs)
             return outputs
-        result = self.runner.run(decode, extend)
+        result = self._run(decode, extend, outputs)
         outputs.extend(self._postprocess(decode, extend, result))
         return outputs
+
+    def _run(self, decode: list[BatchEntry], extend: list[BatchEntry], outputs: list[RequestOutput]) -> SampleResult | None:
+        """Run: the forward pass and sampling. A sequence whose inputs cannot be prepared is
+        failed and the batch prepared again without it; a failure of the forward pass itself
+        propagates (the engine is then dead)."""
+        while decode or extend:
+            try:
+                return self.runner.run(decode, extend)
+            except EntryFailed as failed:
+                entry = failed.entry
+                outputs.append(self._fail(entry.seq, "preparing its inputs", failed.error))
+                if entry in decode:
+                    decode.remove(entry)
+                else:
+                    extend.remove(entry)
+        return None
 
     def _drain_inbox(self) -> list[RequestOutput]:
         """Takes what other threads handed in: calls to run here, new requests, aborts."""
@@ -316,8 +370,17 @@ class Engine:
             self.chunked_prefill_size,
         )
 
+    def admission_window(self) -> int:
+        """How many waiting sequences the next plan looks at: as many as could start (free
+        running slots), and as many again for those deferred to a sharer. The rest of the
+        line costs the step nothing (no prefix match), however long it is."""
+        free = max(0, self.config.max_num_seqs - len(self.running))
+        return 2 * free
+
     def _views(self) -> tuple[list[SeqView], list[SeqView]]:
         sharing = self.radix is not None  # deferring to a sharer only pays with a prefix cache
+        head = list(itertools.islice(self.waiting, self.admission_window()))
+        self._planned = {s.request_id: s for s in itertools.chain(self.running, head)}
         running = [
             SeqView(
                 s.request_id, s.num_tokens, s.num_computed, len(s.pages), len(s.pages) - s.num_shared,
@@ -330,7 +393,7 @@ class Engine:
             for s in self.running
         ]
         waiting = []
-        for s in self.waiting:
+        for s in head:
             if not sharing:
                 waiting.append(SeqView(s.request_id, s.num_tokens, 0, 0, 0))
                 continue
@@ -344,21 +407,29 @@ class Engine:
             )
         return running, waiting
 
-    def _apply(self, plan: StepPlan) -> tuple[list[BatchEntry], list[BatchEntry]]:
+    def _apply(
+        self, plan: StepPlan, outputs: list[RequestOutput]
+    ) -> tuple[list[BatchEntry], list[BatchEntry]]:
         """Carries the plan out: preemptions, admissions, and each scheduled sequence gets the
         pages the plan granted it. A sequence whose pages cannot be had after all (pinned
         or tier pages the planner could not foresee) does not run: a decode is preempted, an
-        admission goes back in line, a continuing prefill waits a step."""
+        admission goes back in line, a continuing prefill waits a step. An admission that
+        raises fails that request alone."""
         self._deferred += len(plan.deferred)
-        by_id = {s.request_id: s for s in itertools.chain(self.running, self.waiting)}
+        by_id = self._planned
         for rid in plan.preempt:
             self._preempt(by_id[rid])
+        failed: set[str] = set()
         for rid in plan.admit:
             seq = by_id[rid]
             self.waiting.remove(seq)
-            if self._admit(seq):  # pages came back from L2/L3: it starts later than planned
-                plan.rebase_admission(rid, seq.num_tokens, seq.num_computed, len(seq.pages), self.pool.page_size)
             self.running.append(seq)
+            try:
+                if self._admit(seq):  # pages came back from L2/L3: it starts later than planned
+                    plan.rebase_admission(rid, seq.num_tokens, seq.num_computed, len(seq.pages), self.pool.page_size)
+            except Exception as exc:
+                outputs.append(self._fail(seq, "admitting it", exc))
+                failed.add(rid)
 
         decode: list[BatchEntry] = []
         extend: list[BatchEntry] = []
@@ -369,6 +440,8 @@ class Engine:
                 continue
             decode.append(BatchEntry(seq, seq.num_computed, 1, True))
         for rid, n in plan.extend:
+            if rid in failed:
+                continue
             seq = by_id[rid]
             if not self.kv.grow(seq, plan.pages[rid]):
                 if rid in plan.admit:
@@ -380,12 +453,12 @@ class Engine:
     def _admit(self, seq: Sequence) -> int:
         """Moves a waiting sequence to running from its cached prefix; returns the tokens
         brought back from L2/L3 (see KVCacheManager.admit)."""
+        seq.status = Status.RUNNING  # first: a failing admission is released like a running one
         restored = self.kv.admit(seq)
         if seq.cached_tokens is None:
             seq.cached_tokens = seq.num_computed
             self._prompt_tokens += len(seq.prompt_token_ids)
             self._cached_tokens += seq.num_computed
-        seq.status = Status.RUNNING
         return restored
 
     def _requeue(self, seq: Sequence) -> None:
@@ -403,20 +476,31 @@ class Engine:
         self, decode: list[BatchEntry], extend: list[BatchEntry], result: SampleResult | None
     ) -> list[RequestOutput]:
         """Records what the forward pass computed and sampled; returns the outputs."""
+        outputs = []
         for entry in decode:
             entry.seq.num_computed += 1
         for entry in extend:
             entry.seq.num_computed += entry.length
-            self.kv.cache_progress(entry.seq)  # concurrent requests can share a prefix at once
+            try:
+                self.kv.cache_progress(entry.seq)  # concurrent requests can share a prefix at once
+            except Exception as exc:
+                outputs.append(self._fail(entry.seq, "caching its prefix", exc))
         if result is None:
-            return []
-        outputs = []
+            return outputs
         sampled = [e.seq for e in decode + extend if e.sample]
         for i, seq in enumerate(sampled):
-            lp = None
-            if seq.logprobs is not None and result.logprobs is not None:
-                lp = TokenLogprob(result.token_ids[i], result.logprobs[i], (result.top_logprobs or [[]])[i])
-            outputs.append(self._append_token(seq, result.token_ids[i], lp))
+            if seq.finished:
+                continue  # failed above
+            if i in result.failed:
+                outputs.append(self._fail(seq, "sampling", result.failed[i]))
+                continue
+            try:
+                lp = None
+                if seq.logprobs is not None and result.logprobs is not None:
+                    lp = TokenLogprob(result.token_ids[i], result.logprobs[i], (result.top_logprobs or [[]])[i])
+                outputs.append(self._append_token(seq, result.token_ids[i], lp))
+            except Exception as exc:  # the grammar matcher, the detokenizer, stop strings
+                outputs.append(self._fail(seq, "detokenizing", exc))
         return outputs
 
     def _append_token(self, seq: Sequence, token: int, lp: TokenLogprob | None) -> RequestOutput:
@@ -445,14 +529,34 @@ class Engine:
         return seq.take_output()
 
     def _finish(self, seq: Sequence, reason: str) -> RequestOutput:
+        self._remove(seq)
+        seq.finish_reason = reason
+        return seq.take_output()
+
+    def _remove(self, seq: Sequence) -> None:
+        """Takes a sequence out of the running set or the line, its pages given back."""
         if seq.status is Status.RUNNING:
-            self.kv.release(seq)
-            self.running.remove(seq)
+            try:
+                self.kv.release(seq)
+            finally:
+                self.running.remove(seq)
         elif seq.status is Status.WAITING:
             self.waiting.remove(seq)
         seq.status = Status.FINISHED
-        seq.finish_reason = reason
-        return seq.take_output()
+
+    def _fail(self, seq: Sequence, stage: str, exc: BaseException) -> RequestOutput:
+        """Ends one request that raised while the engine was `stage`: logged with its id, its
+        pages freed, and an output with finish_reason "error" that names the failure (the
+        server answers 500). Its detokenizer is not asked again: it may be what failed."""
+        log.error("request %s failed while %s: %s: %s", seq.request_id, stage, type(exc).__name__, exc,
+                  exc_info=(type(exc), exc, exc.__traceback__))
+        self._failed += 1
+        try:
+            self._remove(seq)
+        except Exception:  # what it held cannot be given back cleanly; the others go on
+            log.exception("request %s: releasing its KV pages failed", seq.request_id)
+            seq.status = Status.FINISHED
+        return seq.error_output(f"the request failed while {stage}: {type(exc).__name__}: {exc}")
 
     def _fail_unrunnable(self, outputs: list[RequestOutput]) -> None:
         """Nothing could be scheduled. If sequences are running, the pool is held by what

@@ -20,6 +20,7 @@ class GenerationResult:
     finish_reason: str | None
     cached_tokens: int  # prompt tokens served from the prefix cache
     logprobs: list[TokenLogprob] | None = None
+    error: str | None = None  # with finish_reason "error": what failed (the others still ran)
 
     @property
     def outputs(self) -> list[GenerationResult]:  # vLLM's RequestOutput.outputs[0] habit
@@ -77,6 +78,7 @@ class LLM:
                 finish_reason=finals[i].finish_reason,
                 cached_tokens=finals[i].cached_tokens,
                 logprobs=finals[i].logprobs,
+                error=finals[i].error,
             )
             for i in ids
         ]

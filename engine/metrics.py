@@ -148,6 +148,13 @@ class Metrics:
             "KV pages dropped from the L3 disk tier to stay within its capacity.",
             registry=r,
         )
+        self.kv_tier_errors = Counter(
+            "preheat_kv_tier_errors",
+            "Failed reads and writes of the L2 (host) and L3 (disk) KV tiers, each treated as a "
+            "cache miss: a full or failing disk, a corrupt page, no host memory.",
+            ["tier", "op"],
+            registry=r,
+        )
         self.startup_seconds = Histogram(
             "preheat_startup_step_seconds",
             "Duration of each start-up step.",
@@ -160,6 +167,7 @@ class Metrics:
         self._hit_total = 0
         self._tier_seen = {t: 0 for t in TIERS}
         self._disk_evictions_seen = 0
+        self._tier_errors_seen: dict[tuple[str, str], int] = {}
         self._scheduler_seen = {"preemptions_total": 0, "deferred_total": 0}
         for t in TIERS:
             self.kv_tier_hit_tokens.labels(tier=t)  # exported as 0 before the first hit
@@ -215,7 +223,15 @@ class Metrics:
             drained, restores[:] = list(restores), []
             for seconds in drained:
                 self.l2_to_l1_latency.observe(seconds)
-        l3 = getattr(getattr(engine, "tiers", None), "l3", None)
+        tiers = getattr(engine, "tiers", None)
+        counts = getattr(tiers, "error_counts", None)
+        if callable(counts):
+            for (tier, op), now in counts().items():
+                seen = self._tier_errors_seen.get((tier, op), 0)
+                if now > seen:
+                    self.kv_tier_errors.labels(tier=tier, op=op).inc(now - seen)
+                self._tier_errors_seen[(tier, op)] = now
+        l3 = getattr(tiers, "l3", None)
         evictions = getattr(getattr(l3, "stats", None), "evictions", None)
         if isinstance(evictions, int):
             if evictions > self._disk_evictions_seen:

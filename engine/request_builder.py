@@ -1,17 +1,24 @@
-"""From a prompt and sampling parameters to a `Sequence` the engine can run, or a ValueError
-that says why it cannot run (too long for the context or the pool, tokens outside the
-vocabulary, a grammar that does not compile). Checked before anything is queued, so a bad
-request is refused at the API and never reaches the step loop."""
+"""From a prompt and sampling parameters to a `Sequence` the engine can run, or a
+`RequestRejected` (a ValueError with a code and the parameter at fault) that says why it
+cannot run: too long for the context or the pool, tokens outside the vocabulary, a grammar
+that is too large, does not compile or takes too long to. Checked before anything is
+queued, so a bad request is refused at the API and never reaches the step loop.
+
+These are the checks that need the model or the tokenizer; ranges that do not are
+engine/request_limits.py's. `build` runs in the caller's thread (the server calls it from a
+worker thread, never on the event loop: tokenizing and compiling a grammar take time)."""
 
 from __future__ import annotations
 
 import itertools
+import threading
 import uuid
 from typing import Any
 
 import torch
 
 from preheat.engine.detokenizer import IncrementalDetokenizer
+from preheat.engine.request_errors import RequestRejected
 from preheat.engine.sampling_params import SamplingParams
 from preheat.engine.scheduler import pages_for
 from preheat.engine.sequence import Sequence
@@ -42,6 +49,7 @@ class RequestBuilder:
         grammar_backend: Any,
         device: torch.device,
         seed: int,
+        max_request_prompt_tokens: int | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
@@ -51,13 +59,26 @@ class RequestBuilder:
         self.stop_token_ids = stop_token_ids
         self.grammar_backend = grammar_backend
         self.device = device
+        self.max_request_prompt_tokens = max_request_prompt_tokens
         self._rng = torch.Generator().manual_seed(seed)  # seeds for requests that bring none
+        self._rng_lock = threading.Lock()  # build() runs in several threads at once
         self._ids = itertools.count()
 
     def encode(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
             return list(self.tokenizer.encode(prompt, add_special_tokens=True))
         return [int(t) for t in prompt]
+
+    def check_request_budget(self, prompt_tokens: int, param: str = "prompt") -> None:
+        """One HTTP request may add several sequences (prompts x n); together their prompt
+        tokens must stay within `--max-request-prompt-tokens`."""
+        limit = self.max_request_prompt_tokens
+        if limit is not None and prompt_tokens > limit:
+            raise RequestRejected(
+                "request_too_large", param,
+                f"the request has {prompt_tokens} prompt tokens across its prompts and choices; "
+                f"one request may have at most {limit} (--max-request-prompt-tokens)",
+            )
 
     def build(
         self, prompt: str | list[int], params: SamplingParams | None = None, request_id: str | None = None
@@ -66,34 +87,46 @@ class RequestBuilder:
         params.validate()
         token_ids = self.encode(prompt)
         if not token_ids:
-            raise ValueError("the prompt is empty")
+            raise RequestRejected("invalid_value", "prompt", "the prompt is empty")
         vocab = self.vocab_size
         if min(token_ids) < 0 or max(token_ids) >= vocab:
-            raise ValueError(f"prompt token ids must be in [0, {vocab})")
+            raise RequestRejected("invalid_value", "prompt", f"prompt token ids must be in [0, {vocab})")
         if params.logit_bias and max(params.logit_bias) >= vocab:
-            raise ValueError(f"logit_bias: token id {max(params.logit_bias)} is not in the vocabulary [0, {vocab})")
+            raise RequestRejected(
+                "invalid_value", "logit_bias",
+                f"logit_bias: token id {max(params.logit_bias)} is not in the vocabulary [0, {vocab})",
+            )
         n = len(token_ids)
         if n >= self.max_model_len:
-            raise ValueError(
-                f"the prompt has {n} tokens but the context length is {self.max_model_len}; "
-                "shorten the prompt"
+            raise RequestRejected(
+                "context_length_exceeded", "prompt",
+                f"This model's maximum context length is {self.max_model_len} tokens; the prompt has "
+                f"{n} tokens and leaves no room to generate; shorten the prompt",
             )
         if params.max_tokens is not None and n + params.max_tokens > self.max_model_len:
-            raise ValueError(
-                f"max_tokens {params.max_tokens} plus the prompt's {n} tokens exceeds the "
-                f"context length {self.max_model_len}"
+            raise RequestRejected(
+                "context_length_exceeded", "max_tokens",
+                f"max_tokens is too large: {params.max_tokens} + {n} prompt tokens exceeds the "
+                f"context length of {self.max_model_len} tokens",
             )
         limit = n + params.max_tokens if params.max_tokens is not None else self.max_model_len
         capacity = self.pool_pages * self.page_size
         if pages_for(limit, self.page_size) > self.pool_pages:
-            raise ValueError(f"the request needs up to {limit} tokens of KV but the pool holds {capacity}")
+            raise RequestRejected(
+                "request_too_large", "max_tokens",
+                f"the request needs up to {limit} tokens of KV but the pool holds {capacity}",
+            )
         matcher = None
         if params.structured is not None:
             if self.grammar_backend is None:
-                raise ValueError("structured output is not available in this build")
-            compiled = self.grammar_backend.compile(params.structured)
+                raise RequestRejected("unsupported", None, "structured output is not available in this build")
+            compiled = self.grammar_backend.compile(params.structured)  # raises RequestRejected
             matcher = self.grammar_backend.new_matcher(compiled)
-        seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, (1,), generator=self._rng))
+        if params.seed is not None:
+            seed = params.seed
+        else:
+            with self._rng_lock:
+                seed = int(torch.randint(0, 2**62, (1,), generator=self._rng))
         generator = torch.Generator(device=self.device).manual_seed(seed)
         stop_ids = set(params.stop_token_ids or [])
         if not params.ignore_eos:

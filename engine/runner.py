@@ -19,12 +19,22 @@ from preheat.engine.sampling import SampleResult, sample
 from preheat.engine.sequence import Sequence
 
 
-@dataclass
+@dataclass(eq=False)
 class BatchEntry:
     seq: Sequence
     start: int  # first position computed this step
     length: int  # tokens computed this step
     sample: bool  # whether this entry's last token produces a new token
+
+
+class EntryFailed(Exception):
+    """One sequence's inputs could not be prepared; the engine fails that request and runs
+    the batch without it."""
+
+    def __init__(self, entry: BatchEntry, error: BaseException) -> None:
+        super().__init__(f"{entry.seq.request_id}: {error}")
+        self.entry = entry
+        self.error = error
 
 
 class ModelRunner:
@@ -48,12 +58,18 @@ class ModelRunner:
         positions: list[int] = []
         slots: list[int] = []
         for entry in decode + extend:
-            tokens = entry.seq.all_token_ids
-            pages = entry.seq.pages
-            for pos in range(entry.start, entry.start + entry.length):
-                ids.append(tokens[pos])
-                positions.append(pos)
-                slots.append(pages[pos // ps] * ps + pos % ps)
+            try:
+                tokens = entry.seq.all_token_ids
+                pages = entry.seq.pages
+                entry_ids = tokens[entry.start : entry.start + entry.length]
+                entry_slots = [pages[pos // ps] * ps + pos % ps for pos in range(entry.start, entry.start + entry.length)]
+                if len(entry_ids) != entry.length:
+                    raise IndexError(f"{entry.length} tokens from {entry.start} asked, {len(entry_ids)} known")
+            except Exception as exc:
+                raise EntryFailed(entry, exc) from exc
+            ids.extend(entry_ids)
+            positions.extend(range(entry.start, entry.start + entry.length))
+            slots.extend(entry_slots)
         dev = self.device
         meta = AttentionMetadata(
             positions=torch.tensor(positions, dtype=torch.int64, device=dev),
@@ -129,5 +145,37 @@ class ModelRunner:
                 sampled.append(entry.seq)
         if not rows:
             return None
-        logits = self.model.logits(hidden[torch.tensor(rows, device=self.device)])
-        return sample(logits, sampled, self.grammar_masks)
+        return self.sample_rows(hidden[torch.tensor(rows, device=self.device)], sampled)
+
+    def sample_rows(self, hidden: torch.Tensor, seqs: list[Sequence]) -> SampleResult:
+        """One token per row. Sampling is batched; when the batch raises (one request's
+        grammar matcher, logit bias, ...), each row is sampled alone from fresh logits so
+        only the rows that raise fail (`SampleResult.failed`). Computing the logits is part
+        of the forward pass: its failure propagates."""
+        logits = self.model.logits(hidden)
+        try:
+            return sample(logits, seqs, self.grammar_masks)
+        except Exception:
+            pass
+        logits = self.model.logits(hidden)  # the batched attempt changed them in place
+        rows: list[SampleResult | BaseException] = []
+        for i, seq in enumerate(seqs):
+            try:
+                rows.append(sample(logits[i : i + 1], [seq], self.grammar_masks))
+            except Exception as exc:
+                rows.append(exc)
+        return merge_rows(rows)
+
+
+def merge_rows(rows: list[SampleResult | BaseException]) -> SampleResult:
+    """Single-row results (or the exception of a row) as one batch result."""
+    failed = {i: r for i, r in enumerate(rows) if isinstance(r, BaseException)}
+    ok = [r for r in rows if isinstance(r, SampleResult)]
+    want_logprobs = any(r.logprobs is not None for r in ok)
+    token_ids, logprobs, tops = [], [], []
+    for r in rows:
+        good = isinstance(r, SampleResult)
+        token_ids.append(r.token_ids[0] if good else -1)
+        logprobs.append(r.logprobs[0] if good and r.logprobs is not None else 0.0)
+        tops.append(r.top_logprobs[0] if good and r.top_logprobs is not None else [])
+    return SampleResult(token_ids, logprobs if want_logprobs else None, tops if want_logprobs else None, failed)

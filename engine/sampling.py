@@ -9,7 +9,7 @@ else shares its batch.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
@@ -30,6 +30,9 @@ class SampleResult:
     token_ids: list[int]
     logprobs: list[float] | None  # chosen token's logprob per row, when any row asked
     top_logprobs: list[list[tuple[int, float]]] | None
+    # Rows whose sampling raised (engine/runner.py samples them one by one to find out);
+    # their token id is -1 and their request is failed.
+    failed: dict[int, BaseException] = field(default_factory=dict)
 
 
 def _padded(rows: Sequence[list[int]], fill: int, device: torch.device) -> torch.Tensor:
@@ -122,7 +125,7 @@ def sample(logits: torch.Tensor, rows: Sequence[SamplingRow], grammar_masks=None
     greedy = torch.tensor([p.greedy for p in params], device=device)
     chosen = logits.argmax(-1)
     if not bool(greedy.all()):
-        temps = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params], device=device)
+        temps = torch.tensor([1.0 if p.greedy else p.temperature for p in params], device=device)
         scaled = logits / temps[:, None]
         scaled = apply_top_k_top_p_min_p(
             scaled,

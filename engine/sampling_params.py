@@ -5,6 +5,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from preheat.engine.request_errors import RequestRejected
+from preheat.engine.request_limits import (
+    GREEDY_TEMPERATURE,
+    LOGIT_BIAS,
+    MAX_LOGIT_BIAS,
+    MAX_STOP,
+    MAX_STOP_CHARS,
+    MAX_STOP_TOKEN_IDS,
+    SAMPLING_BOUNDS,
+    TOKEN_ID,
+)
+
 STRUCTURED_KINDS = ("regex", "json_schema", "json_object", "structural_tag")
 
 
@@ -50,40 +62,42 @@ class SamplingParams:
         if self.logit_bias:
             try:
                 self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
-            except (TypeError, ValueError):
-                raise ValueError("logit_bias must map token ids to numbers") from None
+            except (TypeError, ValueError, OverflowError):
+                raise RequestRejected("invalid_value", "logit_bias", "logit_bias must map token ids to numbers") from None
         else:
             self.logit_bias = None
         self.validate()
 
     def validate(self) -> None:
-        if self.max_tokens is not None and self.max_tokens < 1:
-            raise ValueError("max_tokens must be at least 1")
-        if self.temperature < 0:
-            raise ValueError("temperature must be >= 0")
-        if not 0 < self.top_p <= 1:
-            raise ValueError("top_p must be in (0, 1]")
-        if self.top_k < -1:
-            raise ValueError("top_k must be -1 or 0 (off) or a positive integer")
-        if not 0 <= self.min_p <= 1:
-            raise ValueError("min_p must be in [0, 1]")
-        if self.repetition_penalty <= 0:
-            raise ValueError("repetition_penalty must be > 0")
-        if not -2 <= self.frequency_penalty <= 2:
-            raise ValueError("frequency_penalty must be in [-2, 2]")
-        if not -2 <= self.presence_penalty <= 2:
-            raise ValueError("presence_penalty must be in [-2, 2]")
-        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
-            raise ValueError("logprobs must be in [0, 20]")
+        """Raises RequestRejected (a ValueError) naming the field out of range. The ranges are
+        engine/request_limits.py's, the same the HTTP layer enforces."""
+        for name, bound in SAMPLING_BOUNDS.items():
+            value = getattr(self, name)
+            if value is not None:
+                bound.check(name, value)
+        if len(self.stop) > MAX_STOP:
+            raise RequestRejected("invalid_value", "stop", f"stop: at most {MAX_STOP} sequences")
+        for s in self.stop:
+            if len(s) > MAX_STOP_CHARS:
+                raise RequestRejected("invalid_value", "stop", f"stop: a sequence may have at most {MAX_STOP_CHARS} characters")
+        if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+            raise RequestRejected("invalid_value", "stop_token_ids", f"stop_token_ids: at most {MAX_STOP_TOKEN_IDS} ids")
+        for token in self.stop_token_ids:
+            TOKEN_ID.check("stop_token_ids", token)
+        if self.logit_bias and len(self.logit_bias) > MAX_LOGIT_BIAS:
+            raise RequestRejected("invalid_value", "logit_bias", f"logit_bias: at most {MAX_LOGIT_BIAS} entries")
         for token, bias in (self.logit_bias or {}).items():
-            if token < 0:
-                raise ValueError(f"logit_bias: token id {token} is negative")
-            if not -100 <= bias <= 100:
-                raise ValueError(f"logit_bias: the bias for token {token} must be in [-100, 100]")
+            if not TOKEN_ID.contains(token):
+                raise RequestRejected("invalid_value", "logit_bias", f"logit_bias: {token!r} is not a token id")
+            if not LOGIT_BIAS.contains(bias):
+                raise RequestRejected(
+                    "invalid_value", "logit_bias", f"logit_bias: the bias for token {token} must be in [-100, 100]"
+                )
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        """Temperature 0, or so close to it that dividing by it would overflow."""
+        return self.temperature < GREEDY_TEMPERATURE
 
     @property
     def needs_penalties(self) -> bool:

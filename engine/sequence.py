@@ -39,6 +39,7 @@ class RequestOutput:
     cached_tokens: int
     logprobs: list[TokenLogprob] | None = None
     new_logprobs: list[TokenLogprob] | None = None
+    error: str | None = None  # set with finish_reason "error": what failed, for the client
 
 
 class Sequence:
@@ -87,6 +88,25 @@ class Sequence:
     @property
     def finished(self) -> bool:
         return self.status is Status.FINISHED
+
+    def error_output(self, message: str) -> RequestOutput:
+        """The last output of a request that failed; built without the detokenizer (it may be
+        what failed)."""
+        self.finish_reason = "error"
+        return RequestOutput(
+            request_id=self.request_id,
+            prompt_token_ids=self.prompt_token_ids,
+            token_ids=list(self.output_token_ids),
+            new_token_ids=[],
+            text=self.detokenizer.text,
+            new_text="",
+            finished=True,
+            finish_reason="error",
+            cached_tokens=self.cached_tokens or 0,
+            logprobs=list(self.logprobs) if self.logprobs is not None else None,
+            new_logprobs=[] if self.logprobs is not None else None,
+            error=message,
+        )
 
     def take_output(self) -> RequestOutput:
         """What this request has produced, with what is new since the last call."""

@@ -7,11 +7,17 @@ owns the seam described in docs/engine-internals.md:
     compiled = backend.compile(StructuredOutput)     # cached by (kind, spec)
     matcher = backend.new_matcher(compiled)
     apply_grammar_masks(logits, matchers)            # in place, -inf where not allowed
+
+A grammar longer than MAX_GRAMMAR_CHARS is refused before compiling; compiling runs in a
+child process (engine/grammar_worker.py) that is killed when it takes longer than the
+compile timeout (`--grammar-compile-timeout`), so neither size nor a pathological regex can
+stall the engine. Both refusals are `InvalidGrammar`s with their own code.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -20,6 +26,14 @@ from typing import Any, Protocol
 
 import torch
 import xgrammar as xgr
+
+from preheat.engine import grammar_worker
+from preheat.engine.request_errors import QueueFull, RequestRejected
+from preheat.engine.request_limits import MAX_GRAMMAR_CHARS
+
+log = logging.getLogger(__name__)
+
+DEFAULT_COMPILE_TIMEOUT_S = 10.0
 
 KINDS = ("regex", "json_schema", "json_object", "structural_tag")
 
@@ -34,8 +48,13 @@ class StructuredSpec(Protocol):
     spec: Any
 
 
-class InvalidGrammar(ValueError):
-    """The regex or JSON schema cannot be compiled; the message says why, in one line."""
+class InvalidGrammar(RequestRejected):
+    """The regex or JSON schema cannot be used; the message says why, in one line. `code` is
+    "invalid_grammar" (does not compile), "grammar_too_large" or "grammar_compile_timeout".
+    `param` is left to the caller, who knows which request field carried the grammar."""
+
+    def __init__(self, message: str, code: str = "invalid_grammar") -> None:
+        super().__init__(code, None, message)
 
 
 @dataclass(frozen=True)
@@ -80,12 +99,16 @@ class Matcher:
 class GrammarBackend:
     """Compiles grammars for one tokenizer; thread-safe; keeps an LRU of compiled grammars."""
 
-    def __init__(self, tokenizer: Any, vocab_size: int, cache_size: int = 256) -> None:
+    def __init__(
+        self, tokenizer: Any, vocab_size: int, cache_size: int = 256,
+        compile_timeout: float = DEFAULT_COMPILE_TIMEOUT_S,
+    ) -> None:
         # vocab_size is the model's logits width, which may exceed the tokenizer's (padding);
         # xgrammar then treats the extra ids as never allowed under a grammar.
         self.vocab_size = int(vocab_size)
         self.tokenizer_info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
-        self._compiler = xgr.GrammarCompiler(self.tokenizer_info, cache_enabled=False)
+        self.compile_timeout = compile_timeout
+        self.worker = grammar_worker.GrammarWorker(self.tokenizer_info.serialize_json())
         self._cache: OrderedDict[tuple[str, str], CompiledGrammar] = OrderedDict()
         self._cache_size = cache_size
         self._lock = threading.Lock()
@@ -116,19 +139,26 @@ class GrammarBackend:
     def new_matcher(self, compiled: CompiledGrammar) -> Matcher:
         return Matcher(compiled, self.stop_token_ids)
 
+    def close(self) -> None:
+        self.worker.close()
+
     def _compile(self, kind: str, key: str) -> xgr.CompiledGrammar:
+        """Compiles in the worker process (see engine/grammar_worker.py for why)."""
+        timeout = self.compile_timeout
         try:
-            if kind == "regex":
-                return self._compiler.compile_regex(key)
-            if kind == "structural_tag":
-                return self._compiler.compile_structural_tag(key)
-            # No free whitespace: a small model can otherwise pad with spaces until max_tokens.
-            strict = kind == "json_schema"
-            return self._compiler.compile_json_schema(
-                key, any_whitespace=False, strict_mode=strict
-            )
-        except (RuntimeError, ValueError) as e:  # a structural tag is also checked by pydantic
+            serialized = self.worker.compile(kind, key, timeout=timeout, wait=timeout)
+        except grammar_worker.CompileError as e:
             raise InvalidGrammar(f"invalid {kind}: {_one_line(e)}") from None
+        except grammar_worker.CompileTimeout:
+            log.warning("grammar compile of a %s of %d characters passed %.1fs; refused", kind, len(key), timeout)
+            raise InvalidGrammar(
+                f"the {kind} took longer than {timeout:g}s to compile (--grammar-compile-timeout); "
+                "simplify it (large bounded repetitions such as .{0,1000} are costly)",
+                code="grammar_compile_timeout",
+            ) from None
+        except grammar_worker.WorkerBusy as e:
+            raise QueueFull("grammar_compiler_busy", f"structured output: {e}; try again", retry_after=timeout) from None
+        return xgr.CompiledGrammar.deserialize_json(serialized, self.tokenizer_info)
 
 
 def _canonical(structured: StructuredSpec) -> tuple[str, str]:
@@ -141,6 +171,7 @@ def _canonical(structured: StructuredSpec) -> tuple[str, str]:
     if kind == "regex":
         if not isinstance(spec, str) or not spec:
             raise InvalidGrammar("invalid regex: must be a non-empty string")
+        _check_size(kind, spec)
         return kind, spec
     if isinstance(spec, str):
         try:
@@ -152,12 +183,30 @@ def _canonical(structured: StructuredSpec) -> tuple[str, str]:
             raise InvalidGrammar("invalid structural_tag: must be a JSON object")
         # Key order is kept: it is the order the grammar makes the model write properties in.
         # Equal tools build equal tags (tool_calling.tool_grammar), so the cache still hits.
-        return kind, json.dumps(spec, separators=(",", ":"), ensure_ascii=False)
+        try:
+            key = json.dumps(spec, separators=(",", ":"), ensure_ascii=False)
+        except (TypeError, ValueError, RecursionError) as e:
+            raise InvalidGrammar(f"invalid structural_tag: {_one_line(e)}") from None
+        _check_size(kind, key)  # tools' schemas are bounded like a response_format's
+        return kind, key
     if not isinstance(spec, (dict, bool)):
         raise InvalidGrammar("invalid json_schema: must be a JSON object")
-    _check_schema(spec)
     # Key order and spacing must not split the cache: the same schema costs one compile.
-    return kind, json.dumps(spec, sort_keys=True, separators=(",", ":"))
+    try:
+        key = json.dumps(spec, sort_keys=True, separators=(",", ":"))
+    except (TypeError, ValueError, RecursionError) as e:
+        raise InvalidGrammar(f"invalid json_schema: {_one_line(e)}") from None
+    _check_size(kind, key)  # before the schema check, which is Python and scales with size
+    _check_schema(spec)
+    return kind, key
+
+
+def _check_size(kind: str, text: str) -> None:
+    if len(text) > MAX_GRAMMAR_CHARS:
+        raise InvalidGrammar(
+            f"the {kind} has {len(text)} characters; at most {MAX_GRAMMAR_CHARS} are accepted",
+            code="grammar_too_large",
+        )
 
 
 def _check_schema(schema: Any) -> None:
@@ -168,6 +217,8 @@ def _check_schema(schema: Any) -> None:
         jsonschema.Draft202012Validator.check_schema(schema)
     except jsonschema.SchemaError as e:
         raise InvalidGrammar(f"invalid json_schema: {_one_line(e.message)}") from None
+    except RecursionError:
+        raise InvalidGrammar("invalid json_schema: nested too deeply") from None
 
 
 def _one_line(err: object) -> str:

@@ -206,15 +206,26 @@ class KVCacheManager:
     def _offload(self, path_tokens: list[int], pages: list[int]) -> None:
         """Radix eviction hook: evicted pages go down to L2/L3 instead of being dropped."""
         assert self.tiers is not None
-        keys = page_keys(path_tokens, self.pool.page_size, self.tier_root)[-len(pages):]
-        kv = prefix_io.read_pages(self.pool, pages)
-        ps = self.pool.page_size
-        for i, key in enumerate(keys):
-            self.tiers.offload(key, kv[:, :, i * ps : (i + 1) * ps].contiguous())
+        try:  # never raises: the radix tree frees the pages whatever happens here
+            keys = page_keys(path_tokens, self.pool.page_size, self.tier_root)[-len(pages):]
+            kv = prefix_io.read_pages(self.pool, pages)
+            ps = self.pool.page_size
+            for i, key in enumerate(keys):
+                self.tiers.offload(key, kv[:, :, i * ps : (i + 1) * ps].contiguous())
+        except Exception as e:  # the pages are dropped instead of kept below L1
+            self.tiers.record_error(self.tiers.first_tier, "write", e)
 
     def _bring_back(self, tokens: list[int], seq: Sequence) -> None:
         """Extends a radix match with pages found in L2/L3 (by the prefetch policy), then
-        re-matches so the sequence starts after them."""
+        re-matches so the sequence starts after them. A failure is a miss: the sequence
+        keeps the match it had and computes the rest."""
+        assert self.tiers is not None
+        try:
+            self._extend_from_tiers(tokens, seq)
+        except Exception as e:
+            self.tiers.record_error(self.tiers.first_tier, "read", e)
+
+    def _extend_from_tiers(self, tokens: list[int], seq: Sequence) -> None:
         assert self.radix is not None and self.tiers is not None
         ps = self.pool.page_size
         aligned = tokens[: len(tokens) - len(tokens) % ps]

@@ -8,6 +8,10 @@ names one page *in its full context*: the same 16 tokens after a different prefi
 different KV and a different key) and hands evicted pages to `KVTiers.offload`.
 
 A page is a tensor [num_layers, 2, page_size, num_kv_heads, head_dim] in the KV dtype.
+
+A tier is a cache: any failure in it (a full or failing disk, a corrupt page, no host memory)
+is logged, counted per (tier, op) for `preheat_kv_tier_errors_total{tier,op}`, and treated
+as a miss. Nothing here raises into the step loop.
 """
 
 from __future__ import annotations
@@ -88,8 +92,34 @@ class TierStats:
     evictions: int = 0  # pages pushed out to make room
     too_large: int = 0  # pages bigger than the whole tier
     corrupt: int = 0  # L3 pages that failed their checksum or could not be read
+    read_errors: int = 0  # reads that failed (corrupt or unreadable pages included)
+    write_errors: int = 0  # writes that failed (disk full, no memory, ...): the page is dropped
     bytes_used: int = 0
     pages: int = 0
+
+
+class ErrorLog:
+    """Logs tier errors without flooding: the first of each (tier, op), then at most one line
+    a minute with the count since (a full disk fails every eviction)."""
+
+    def __init__(self, interval_s: float = 60.0) -> None:
+        self.interval_s = interval_s
+        self._last: dict[tuple[str, str], tuple[float, int]] = {}
+        self._lock = threading.Lock()
+
+    def error(self, tier: str, op: str, detail: object) -> None:
+        now = time.monotonic()
+        with self._lock:
+            last, suppressed = self._last.get((tier, op), (-self.interval_s, 0))
+            if now - last < self.interval_s:
+                self._last[(tier, op)] = (last, suppressed + 1)
+                return
+            self._last[(tier, op)] = (now, 0)
+        more = f" ({suppressed} more since the last report)" if suppressed else ""
+        log.warning("KV tier %s %s failed, treated as a miss: %s%s", tier, op, detail, more)
+
+
+_ERRORS = ErrorLog()
 
 
 # --------------------------------------------------------------------------- L2
@@ -135,7 +165,12 @@ class HostPageStore:
             self.stats.too_large += 1
             self._spill([(key, kv)])
             return False
-        copy = self._host_copy(kv)
+        try:
+            copy = self._host_copy(kv)
+        except Exception as e:  # no host memory (pinned memory especially): drop the page
+            self.stats.write_errors += 1
+            _ERRORS.error("l2", "write", f"{type(e).__name__}: {e}")
+            return False
         evicted: list[tuple[str, torch.Tensor]] = []
         with self._lock:
             if key not in self._pages:
@@ -182,7 +217,7 @@ class HostPageStore:
             try:
                 self.on_evict(key, kv)
             except Exception as e:  # a full or failing disk must not break serving
-                log.warning("L2 eviction to L3 failed for %s: %s", key, e)
+                _ERRORS.error("l3", "write", f"{type(e).__name__}: {e}")
 
 
 # --------------------------------------------------------------------------- L3
@@ -238,15 +273,32 @@ class DiskPageStore:
         return len(self._index)
 
     def put(self, key: str, kv: torch.Tensor) -> bool:
+        """Stores the page; False when it is not stored (too large, or the write failed: the
+        error is counted in `stats.write_errors` and the page is dropped, never raised)."""
         _check_key(key)
         with self._lock:
             if key in self._index:
                 self._index.move_to_end(key)
                 return True
-        kv = kv.detach().to("cpu").contiguous()
-        if _nbytes(kv) > self.capacity_bytes:
-            self.stats.too_large += 1
+        try:
+            kv = kv.detach().to("cpu").contiguous()
+            if _nbytes(kv) > self.capacity_bytes:
+                self.stats.too_large += 1
+                return False
+            size = self._write(key, kv)
+        except Exception as e:  # ENOSPC, EIO, a read-only remount...: this page is not cached
+            self.stats.write_errors += 1
+            _ERRORS.error("l3", "write", f"{type(e).__name__}: {e}")
             return False
+        with self._lock:
+            self.stats.bytes_used += size - self._index.pop(key, 0)
+            self._index[key] = size
+            self.stats.stores += 1
+            self._evict_over_capacity()
+        return True
+
+    def _write(self, key: str, kv: torch.Tensor) -> int:
+        """Writes the page file atomically (temp file + rename); returns its size."""
         path = self._path(key)
         path.parent.mkdir(exist_ok=True)
         tmp = path.parent / f".tmp-{key}-{secrets.token_hex(4)}"
@@ -256,13 +308,7 @@ class DiskPageStore:
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
-        size = path.stat().st_size
-        with self._lock:
-            self.stats.bytes_used += size - self._index.pop(key, 0)
-            self._index[key] = size
-            self.stats.stores += 1
-            self._evict_over_capacity()
-        return True
+        return path.stat().st_size
 
     def get(self, key: str) -> torch.Tensor | None:
         """The page, or None when absent or corrupt (a corrupt file is deleted and counted)."""
@@ -280,9 +326,13 @@ class DiskPageStore:
             if meta.get("format") != PAGE_FORMAT or meta.get("key") != key or meta.get("sha256") != tensor_sha256(kv):
                 raise ValueError("checksum or key mismatch")
         except Exception as e:  # any unreadable page is a miss, never a crash
-            log.warning("L3 page %s dropped: %s", key, e)
             self.stats.corrupt += 1
-            self.discard(key)
+            self.stats.read_errors += 1
+            _ERRORS.error("l3", "read", f"page {key} dropped: {type(e).__name__}: {e}")
+            try:
+                self.discard(key)
+            except OSError:
+                pass
             return None
         try:
             os.utime(path)  # keeps LRU order across restarts
@@ -303,7 +353,10 @@ class DiskPageStore:
         # Called with the lock held (or from __init__).
         while self.stats.bytes_used > self.capacity_bytes and self._index:
             key, size = self._index.popitem(last=False)
-            self._path(key).unlink(missing_ok=True)
+            try:
+                self._path(key).unlink(missing_ok=True)
+            except OSError as e:  # forgotten either way; a stray file is rescanned at start
+                _ERRORS.error("l3", "write", f"cannot delete evicted page {key}: {e}")
             self.stats.bytes_used -= size
             self.stats.evictions += 1
         self.stats.pages = len(self._index)
@@ -429,10 +482,35 @@ def _done(value: Any) -> Future:
 
 
 class KVTiers:
-    """L2 + L3 + prefetcher behind the two calls the radix tree needs."""
+    """L2 + L3 + prefetcher behind the calls the KV cache manager needs. None of them
+    raises: a failure is counted (`error_counts`) and is a miss."""
 
     def __init__(self, l2: HostPageStore | None, l3: DiskPageStore | None, prefetcher: Prefetcher):
         self.l2, self.l3, self.prefetcher = l2, l3, prefetcher
+        self._other_errors: dict[tuple[str, str], int] = {}
+        self._errors_lock = threading.Lock()
+
+    @property
+    def first_tier(self) -> str:
+        return "l2" if self.l2 is not None else "l3"
+
+    def record_error(self, tier: str, op: str, exc: BaseException) -> None:
+        """Counts and logs a failure met outside the stores (copying a page out of the
+        pool, a prefetch that could not start)."""
+        with self._errors_lock:
+            self._other_errors[(tier, op)] = self._other_errors.get((tier, op), 0) + 1
+        _ERRORS.error(tier, op, f"{type(exc).__name__}: {exc}")
+
+    def error_counts(self) -> dict[tuple[str, str], int]:
+        """Failures so far by (tier, op), op "read" or "write"; the metric
+        preheat_kv_tier_errors_total{tier,op} follows these."""
+        with self._errors_lock:
+            counts = dict(self._other_errors)
+        for tier, store in (("l2", self.l2), ("l3", self.l3)):
+            if store is not None:
+                counts[(tier, "read")] = counts.get((tier, "read"), 0) + store.stats.read_errors
+                counts[(tier, "write")] = counts.get((tier, "write"), 0) + store.stats.write_errors
+        return counts
 
     @classmethod
     def from_config(cls, cfg: Any, disk_capacity_bytes: int | None = None) -> KVTiers | None:
@@ -448,10 +526,13 @@ class KVTiers:
 
     def offload(self, key: str, kv: torch.Tensor) -> None:
         """The L1 eviction hook: keep the page in L2 (which spills to L3), or L3 directly."""
-        if self.l2 is not None:
-            self.l2.put(key, kv)
-        elif self.l3 is not None:
-            self.l3.put(key, kv)
+        try:
+            if self.l2 is not None:
+                self.l2.put(key, kv)
+            elif self.l3 is not None:
+                self.l3.put(key, kv)
+        except Exception as e:
+            self.record_error(self.first_tier, "write", e)
 
     def locate(self, keys: Sequence[str]) -> list[str | None]:
         """Where each page is: "l2", "l3" or None (for match accounting without loading)."""
@@ -461,7 +542,12 @@ class KVTiers:
         return out
 
     def fetch(self, keys: Sequence[str]) -> PrefetchResult:
-        return self.prefetcher.fetch(keys)
+        """The leading run of pages available (see Prefetcher); a failure is an empty run."""
+        try:
+            return self.prefetcher.fetch(keys)
+        except Exception as e:
+            self.record_error(self.first_tier, "read", e)
+            return PrefetchResult(requested=len(keys))
 
     def close(self) -> None:
         self.prefetcher.close()

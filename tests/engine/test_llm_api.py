@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from preheat.engine import LLM, SamplingParams
+from preheat.engine.request_errors import RequestRejected
 
 MAX_MODEL_LEN = 96
 GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
@@ -98,16 +99,36 @@ def test_a_bad_request_raises_a_clear_value_error(llm: LLM, prompt: str | list[i
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        (dict(max_tokens=0), "max_tokens must be at least 1"),
-        (dict(temperature=-0.1), "temperature must be >= 0"),
+        (dict(max_tokens=0), r"max_tokens must be in \[1, "),
+        (dict(temperature=-0.1), r"temperature must be in \[0, 100\]"),
+        (dict(temperature=float("nan")), "temperature"),
+        (dict(temperature=float("inf")), "temperature"),
         (dict(top_p=0.0), "top_p"),
         (dict(top_k=-2), "top_k"),
+        (dict(top_k=10**22), "top_k"),  # the issue's repro: an overflow inside torch before
+        (dict(repetition_penalty=1e-300), r"repetition_penalty must be in \[0.01, 100\]"),
+        (dict(seed=2**64), "seed"),
         (dict(logprobs=21), "logprobs"),
+        (dict(stop=["x"] * 17), "stop"),
+        (dict(stop="y" * 257), "stop"),
+        (dict(stop_token_ids=[-1]), "stop_token_ids"),
+        (dict(logit_bias={5: float("nan")}), "logit_bias"),
     ],
 )
 def test_bad_sampling_params_raise_a_clear_value_error(kwargs: dict, message: str) -> None:
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(RequestRejected, match=message) as info:
         SamplingParams(**kwargs)
+    assert isinstance(info.value, ValueError)  # the Python API's callers catch ValueError
+    assert info.value.code == "invalid_value" and info.value.param == next(iter(kwargs))
+
+
+def test_a_temperature_below_the_floor_is_greedy(llm: LLM) -> None:
+    """temperature 1e-45 divided logits into inf before (garbage tokens); now it is greedy."""
+    prompt = list(range(1000, 1012))
+    greedy = llm.generate(prompt, GREEDY)[0]
+    tiny = llm.generate(prompt, SamplingParams(max_tokens=GREEDY.max_tokens, temperature=1e-45, seed=3))[0]
+    assert tiny.token_ids == greedy.token_ids
+    assert SamplingParams(temperature=1e-45).greedy and not SamplingParams(temperature=1e-4).greedy
 
 
 def test_params_mutated_into_a_bad_state_are_refused_at_submission(llm: LLM) -> None:

@@ -195,7 +195,7 @@ def test_a_bias_of_100_forces_a_token_and_minus_100_bans_one() -> None:
 
 @pytest.mark.parametrize(
     "bias, message",
-    [({5: 101}, "in [-100, 100]"), ({-1: 1}, "negative"), ({"x": 1}, "token ids to numbers")],
+    [({5: 101}, "in [-100, 100]"), ({-1: 1}, "-1 is not a token id"), ({"x": 1}, "token ids to numbers")],
 )
 def test_bad_logit_bias_is_refused(bias, message) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):
