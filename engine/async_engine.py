@@ -21,8 +21,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from preheat.engine.metrics import PHASES, Metrics
+from preheat.engine.request_errors import RequestFailed
 
 log = logging.getLogger(__name__)
+
+# After the shutdown timeout aborts what is left, how long the step thread gets to hand out
+# the abort outputs before the streams are ended here (a step on a loaded CPU takes seconds).
+ABORT_SETTLE_S = 10.0
 
 
 class EngineNotReady(RuntimeError):
@@ -124,8 +129,27 @@ class AsyncEngine:
                 rids = list(self._streams)
             for rid in rids:
                 self.abort(rid)
-            await asyncio.sleep(0.1)
+            # The step thread answers each abort with a finished output at its next step;
+            # wait for those so every client gets its finish_reason "abort" before the
+            # server stops (a fixed short sleep lost that race when a step was slow).
+            settle = time.monotonic() + ABORT_SETTLE_S
+            while self.num_in_flight and time.monotonic() < settle:
+                await asyncio.sleep(0.02)
+            self._end_streams_here()
         return left == 0
+
+    def _end_streams_here(self) -> None:
+        """Ends, from the event loop, the streams the step thread did not finish in time
+        (it is stuck in a long step): each gets an abort output, so clients still see a
+        finish_reason rather than a cut connection."""
+        from preheat.engine.sequence import RequestOutput
+
+        with self._lock:
+            streams, self._streams = dict(self._streams), {}
+        for rid, stream in streams.items():
+            log.warning("request %s: the engine did not answer its abort in time; ended here", rid)
+            self.metrics.requests.labels(finish_reason="abort").inc()
+            stream.queue.put_nowait(RequestOutput(rid, [], [], [], "", "", True, "abort", 0))
 
     def run_shutdown_callbacks(self) -> None:
         for cb in self.on_shutdown:
@@ -149,12 +173,7 @@ class AsyncEngine:
         is started) and returns the stream of its outputs. `internal` requests (warmup) are
         admitted before the phase is ready. Raises the engine's ValueError for a bad request,
         EngineNotReady when not admitting, EngineDead when the step loop crashed."""
-        if self.error is not None:
-            raise EngineDead(str(self.error))
-        if not internal and not self.is_ready:
-            raise EngineNotReady(self._phase)
-        if self._thread is None:
-            raise EngineNotReady("loading")
+        self._check_admitting(internal)
         stream = _Stream(asyncio.Queue(), time.monotonic())
         with self._lock:
             self._streams[request_id] = stream
@@ -166,6 +185,33 @@ class AsyncEngine:
             raise
         self._wake.set()
         return RequestStream(self, request_id, stream)
+
+    def submit_sequences(self, seqs: list[Any], *, internal: bool = False) -> list[RequestStream]:
+        """Queues sequences the engine built (`engine.build_sequence`, in a worker thread)
+        all at once or none: raises QueueFull when the waiting line has no room for them
+        (`--max-queue-len`), EngineNotReady / EngineDead as `submit`."""
+        self._check_admitting(internal)
+        now = time.monotonic()
+        streams = {s.request_id: _Stream(asyncio.Queue(), now) for s in seqs}
+        with self._lock:
+            self._streams.update(streams)
+        try:
+            self.engine.enqueue_all(seqs)
+        except BaseException:
+            with self._lock:
+                for rid in streams:
+                    self._streams.pop(rid, None)
+            raise
+        self._wake.set()
+        return [RequestStream(self, rid, stream) for rid, stream in streams.items()]
+
+    def _check_admitting(self, internal: bool) -> None:
+        if self.error is not None:
+            raise EngineDead(str(self.error))
+        if not internal and not self.is_ready:
+            raise EngineNotReady(self._phase)
+        if self._thread is None:
+            raise EngineNotReady("loading")
 
     async def generate(
         self, prompt: str | list[int], params: Any, request_id: str, *, internal: bool = False
@@ -310,12 +356,16 @@ class RequestStream:
         self.finished = False
 
     async def __aiter__(self) -> AsyncIterator[Any]:
+        """Yields outputs; raises EngineDead when the step loop died and RequestFailed when
+        this request failed on its own (finish_reason "error"; the engine serves on)."""
         try:
             while not self.finished:
                 item = await self._stream.queue.get()
                 if isinstance(item, BaseException):
                     raise EngineDead(str(item))
                 self.finished = bool(item.finished)
+                if item.finish_reason == "error":
+                    raise RequestFailed(item.error or "the request failed in the engine")
                 yield item
         finally:
             self.close()

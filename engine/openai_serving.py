@@ -1,7 +1,13 @@
 """Turns OpenAI requests into engine requests and engine outputs into OpenAI responses.
 
 The HTTP layer (server.py) reads and validates the body; this file owns the meaning:
-prompt rendering, limits against the context, SamplingParams, n choices, streaming chunks.
+prompt rendering, SamplingParams, n choices, streaming chunks, and the mapping of the
+engine's typed refusals (RequestRejected, QueueFull, RequestFailed) to HTTP statuses.
+Checks against the model (context length, vocabulary, grammars) are the engine's.
+
+Everything that scales with the input (the chat template, tokenizing, building the engine
+sequences, which compiles grammars) runs in a worker thread, never on the event loop, so
+/health and /ready answer whatever a request carries.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from preheat.engine.openai_protocol import (
     new_id,
     now,
 )
+from preheat.engine.request_errors import RequestFailed, RequestRejected
 from preheat.engine.tool_calling import ToolPlan, plan_tools, tool_structured_output
 from preheat.engine.tool_output import DeltaStream, chat_message, finish_reason
 
@@ -35,6 +42,15 @@ class Submitted:
     index: int
     prompt_ids: list[int]
     stream: RequestStream
+
+
+@dataclass
+class Prepared:
+    """A request turned into engine sequences (in a worker thread), not yet queued."""
+
+    prompts: list[list[int]]
+    seqs: list[Any]  # prompts x n, choice index order
+    echo: list[str]  # the prompts' text, when the request asks for an echo
 
 
 class OpenAIServing:
@@ -89,47 +105,27 @@ class OpenAIServing:
                            param="messages") from None
 
     def completion_prompts(self, engine: Any, req: CompletionRequest) -> list[list[int]]:
+        """The prompts as token ids (the engine checks them against the vocabulary and the
+        context when it builds their sequences)."""
         prompts = req.prompts()
         if not prompts:
             raise APIError(400, "prompt must not be empty", param="prompt")
-        vocab = _vocab_size(engine)
         out: list[list[int]] = []
         for p in prompts:
             if isinstance(p, str):
                 try:
-                    ids = list(engine.tokenizer.encode(p))
+                    out.append(list(engine.tokenizer.encode(p)))
                 except Exception as e:
                     raise APIError(400, f"prompt: cannot tokenize: {e}", param="prompt") from None
             else:
-                ids = list(p)
-                bad = [t for t in ids if not 0 <= t < vocab]
-                if bad:
-                    raise APIError(400, f"prompt: token id {bad[0]} is outside the vocabulary "
-                                   f"(0..{vocab - 1})", param="prompt")
-            if not ids:
-                raise APIError(400, "prompt must not be empty", param="prompt")
-            out.append(ids)
+                out.append(list(p))
         return out
 
     # ------------------------------------------------------------ params
 
-    def sampling_params(self, engine: Any, req: Any, prompt_len: int, choice: int,
-                        plan: ToolPlan | None = None) -> Any:
+    def sampling_params(self, engine: Any, req: Any, choice: int, plan: ToolPlan | None = None) -> Any:
         from preheat.engine.sampling_params import SamplingParams, StructuredOutput
 
-        max_len = int(engine.max_model_len)
-        prompt_param = "messages" if isinstance(req, ChatCompletionRequest) else "prompt"
-        if prompt_len >= max_len:
-            raise APIError(400, f"This model's maximum context length is {max_len} tokens; "
-                           f"the prompt has {prompt_len} tokens and leaves no room to generate",
-                           param=prompt_param, code="context_length_exceeded")
-        max_tokens = req.requested_max_tokens
-        if max_tokens is None:
-            max_tokens = max_len - prompt_len
-        elif prompt_len + max_tokens > max_len:
-            raise APIError(400, f"max_tokens is too large: {max_tokens} + {prompt_len} prompt "
-                           f"tokens exceeds the context length of {max_len} tokens",
-                           param="max_tokens", code="context_length_exceeded")
         structured = _structured(req, StructuredOutput)
         if plan is not None:
             structured = tool_structured_output(plan, self.tool_rendering(engine).fmt, structured)
@@ -137,46 +133,57 @@ class OpenAIServing:
             logprobs = (req.top_logprobs or 0) if req.logprobs else None
         else:
             logprobs = req.logprobs
-        try:
-            return SamplingParams(
-                max_tokens=max_tokens,
-                temperature=1.0 if req.temperature is None else req.temperature,
-                top_p=1.0 if req.top_p is None else req.top_p,
-                top_k=-1 if req.top_k in (None, 0) else req.top_k,
-                min_p=0.0 if req.min_p is None else req.min_p,
-                repetition_penalty=req.repetition_penalty,
-                frequency_penalty=req.frequency_penalty,
-                presence_penalty=req.presence_penalty,
-                # n choices from one seed must differ from each other, yet repeat exactly.
-                seed=None if req.seed is None else req.seed + choice,
-                stop=req.stop,
-                stop_token_ids=req.stop_token_ids,
-                ignore_eos=req.ignore_eos,
-                logprobs=logprobs,
-                structured=structured,
-                logit_bias=req.token_logit_bias(),
-            )
-        except ValueError as e:
-            raise APIError(400, str(e)) from None
+        return SamplingParams(
+            # None: up to the context length (the engine refuses a prompt that leaves no room)
+            max_tokens=req.requested_max_tokens,
+            temperature=1.0 if req.temperature is None else req.temperature,
+            top_p=1.0 if req.top_p is None else req.top_p,
+            top_k=-1 if req.top_k in (None, 0) else req.top_k,
+            min_p=0.0 if req.min_p is None else req.min_p,
+            repetition_penalty=req.repetition_penalty,
+            frequency_penalty=req.frequency_penalty,
+            presence_penalty=req.presence_penalty,
+            # n choices from one seed must differ from each other, yet repeat exactly.
+            seed=None if req.seed is None else req.seed + choice,
+            stop=req.stop,
+            stop_token_ids=req.stop_token_ids,
+            ignore_eos=req.ignore_eos,
+            logprobs=logprobs,
+            structured=structured,
+            logit_bias=req.token_logit_bias(),
+        )
 
     # ------------------------------------------------------------ submit
 
-    def submit(self, engine: Any, req: Any, prompts: list[list[int]], prefix: str,
-               plan: ToolPlan | None = None) -> list[Submitted]:
-        """Adds prompts x n requests to the engine; on any refusal, withdraws the others."""
-        subs: list[Submitted] = []
+    def build(self, engine: Any, req: Any, prompts: list[list[int]], prefix: str,
+              plan: ToolPlan | None = None) -> Prepared:
+        """Worker thread: prompts x n engine sequences, every check the engine makes done
+        (context, vocabulary, the request's prompt-token budget, grammar compile)."""
+        engine.check_request_budget(sum(len(p) for p in prompts) * req.n, _prompt_param(req))
+        seqs = []
+        for ids in prompts:
+            for c in range(req.n):
+                rid = self.aengine.new_request_id(prefix)
+                seqs.append(engine.build_sequence(ids, self.sampling_params(engine, req, c, plan), rid))
+        echo = [engine.tokenizer.decode(p) for p in prompts] if getattr(req, "echo", False) else []
+        return Prepared(prompts, seqs, echo)
+
+    async def prepare(self, req: Any, prompts_of: Any, prefix: str, plan: ToolPlan | None = None) -> Prepared:
+        """Renders and tokenizes the prompts (`prompts_of(engine)`) and builds the sequences
+        off the event loop; engine refusals become OpenAI errors."""
+        engine = self._engine()
         try:
-            for p_idx, ids in enumerate(prompts):
-                for c in range(req.n):
-                    params = self.sampling_params(engine, req, len(ids), c, plan)
-                    rid = self.aengine.new_request_id(prefix)
-                    stream = self.aengine.submit(ids, params, rid)
-                    subs.append(Submitted(p_idx * req.n + c, ids, stream))
-        except BaseException as e:
-            for s in subs:
-                s.stream.close()
+            return await asyncio.to_thread(lambda: self.build(engine, req, prompts_of(engine), prefix, plan))
+        except Exception as e:
             raise _as_api_error(e, req) from None
-        return subs
+
+    def submit(self, req: Any, prep: Prepared) -> list[Submitted]:
+        """Queues all of the request's sequences, or none (a full queue is a 429)."""
+        try:
+            streams = self.aengine.submit_sequences(prep.seqs)
+        except Exception as e:
+            raise _as_api_error(e, req) from None
+        return [Submitted(i, prep.prompts[i // req.n], stream) for i, stream in enumerate(streams)]
 
     # ------------------------------------------------------------ chat
 
@@ -184,8 +191,9 @@ class OpenAIServing:
         engine = self._engine()  # not ready: 503 first, the model name is not known yet
         self.check_model(req.model)
         plan = plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls)
-        ids = self.chat_prompt(engine, req, plan=plan)
-        subs = self.submit(engine, req, [ids], "chatcmpl", plan)
+        prep = await self.prepare(req, lambda e: [self.chat_prompt(e, req, plan=plan)], "chatcmpl", plan)
+        ids = prep.prompts[0]
+        subs = self.submit(req, prep)
         rid, created = new_id("chatcmpl"), now()
         fmt = self.tool_rendering(engine).fmt
         if req.stream:
@@ -238,8 +246,8 @@ class OpenAIServing:
                     finals[s.index] = out
                     yield chunk([{"index": s.index, "delta": {}, "logprobs": None,
                                   "finish_reason": finish_reason(out.finish_reason, stream.has_calls)}])
-        except (EngineDead, EngineNotReady) as e:
-            yield _sse(error_body(500, f"engine failed: {e}", code="engine_dead"))
+        except (EngineDead, EngineNotReady, RequestFailed) as e:
+            yield _sse(_stream_error(e))
             yield "data: [DONE]\n\n"
             return
         if include_usage:
@@ -251,18 +259,21 @@ class OpenAIServing:
 
     # ------------------------------------------------------------ tokenizer
 
-    def tokenize(self, req: TokenizeRequest) -> dict:
+    async def tokenize(self, req: TokenizeRequest) -> dict:
         """What the engine would see: the same template and tokenizer as a request."""
         engine = self._engine()
         if req.model is not None:
             self.check_model(req.model)
-        if req.messages is not None:
-            ids = self.chat_prompt(engine, req, req.add_generation_prompt, plan_tools(req.tools))
-        else:
-            ids = list(engine.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens))
+
+        def work() -> list[int]:
+            if req.messages is not None:
+                return self.chat_prompt(engine, req, req.add_generation_prompt, plan_tools(req.tools))
+            return list(engine.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens))
+
+        ids = await asyncio.to_thread(work)
         return {"count": len(ids), "max_model_len": int(engine.max_model_len), "tokens": ids}
 
-    def detokenize(self, req: DetokenizeRequest) -> dict:
+    async def detokenize(self, req: DetokenizeRequest) -> dict:
         engine = self._engine()
         if req.model is not None:
             self.check_model(req.model)
@@ -271,20 +282,21 @@ class OpenAIServing:
         if bad:
             raise APIError(400, f"tokens: {bad[0]} is not a token id of this model (0 to {vocab - 1})",
                            param="tokens", code="invalid_value")
-        return {"prompt": engine.tokenizer.decode(req.tokens)}
+        return {"prompt": await asyncio.to_thread(engine.tokenizer.decode, req.tokens)}
 
     async def completion(self, req: CompletionRequest) -> dict | AsyncIterator[str]:
         engine = self._engine()  # not ready: 503 first, the model name is not known yet
         self.check_model(req.model)
-        prompts = self.completion_prompts(engine, req)
-        subs = self.submit(engine, req, prompts, "cmpl")
+        prep = await self.prepare(req, lambda e: self.completion_prompts(e, req), "cmpl")
+        prompts = prep.prompts
+        subs = self.submit(req, prep)
         rid, created = new_id("cmpl"), now()
         if req.stream:
-            return self._completion_stream(engine, req, subs, prompts, rid, created)
+            return self._completion_stream(engine, req, subs, prep, rid, created)
         finals = await _collect(subs)
         choices = []
         for s, out in zip(subs, finals):
-            prefix = engine.tokenizer.decode(s.prompt_ids) if req.echo else ""
+            prefix = prep.echo[s.index // req.n] if req.echo else ""
             choices.append({
                 "index": s.index, "text": prefix + out.text,
                 "logprobs": _completion_logprobs(engine, out, len(prefix))
@@ -297,8 +309,9 @@ class OpenAIServing:
         }
 
     async def _completion_stream(self, engine: Any, req: CompletionRequest, subs: list[Submitted],
-                                 prompts: list[list[int]], rid: str, created: int
+                                 prep: Prepared, rid: str, created: int
                                  ) -> AsyncIterator[str]:
+        prompts = prep.prompts
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         offsets = {s.index: 0 for s in subs}
 
@@ -312,7 +325,7 @@ class OpenAIServing:
 
         if req.echo:
             for s in subs:
-                text = engine.tokenizer.decode(s.prompt_ids)
+                text = prep.echo[s.index // req.n]
                 offsets[s.index] = len(text)
                 yield chunk([{"index": s.index, "text": text, "logprobs": None,
                               "finish_reason": None}])
@@ -328,8 +341,8 @@ class OpenAIServing:
                                   "finish_reason": out.finish_reason if out.finished else None}])
                 if out.finished:
                     finals[s.index] = out
-        except (EngineDead, EngineNotReady) as e:
-            yield _sse(error_body(500, f"engine failed: {e}", code="engine_dead"))
+        except (EngineDead, EngineNotReady, RequestFailed) as e:
+            yield _sse(_stream_error(e))
             yield "data: [DONE]\n\n"
             return
         if include_usage:
@@ -338,12 +351,6 @@ class OpenAIServing:
 
 
 # ---------------------------------------------------------------- helpers
-
-
-def _vocab_size(engine: Any) -> int:
-    mc = getattr(engine, "model_config", None)
-    v = getattr(mc, "vocab_size", None)
-    return int(v) if v else len(engine.tokenizer)
 
 
 def _structured(req: SamplingFields, StructuredOutput: type) -> Any:
@@ -364,26 +371,45 @@ def _structured(req: SamplingFields, StructuredOutput: type) -> Any:
     return StructuredOutput("json_schema", rf.json_schema.schema_)  # type: ignore[union-attr]
 
 
+def _prompt_param(req: Any) -> str:
+    return "messages" if isinstance(req, ChatCompletionRequest) else "prompt"
+
+
+def _grammar_param(req: Any, kind: str | None) -> str:
+    """The request field that carried a refused grammar."""
+    if kind == "structural_tag":
+        return "tools"  # only tool calling builds structural tags
+    return "regex" if getattr(req, "regex", None) is not None else "response_format"
+
+
 def _as_api_error(e: BaseException, req: Any) -> BaseException:
+    """The engine's typed refusals as OpenAI errors: status, code and param come from the
+    exception's type and fields, never from its message."""
     if isinstance(e, APIError):
         return e
-    from preheat.engine.structured import InvalidGrammar  # lazy: xgrammar and torch load with the engine
-
-    if isinstance(e, InvalidGrammar):
-        if str(e).startswith("invalid structural_tag"):
-            param = "tools"  # only tool calling builds structural tags
-        else:
-            param = "regex" if req.regex is not None else "response_format"
-        return APIError(400, str(e), param=param, code="invalid_grammar")
+    if isinstance(e, RequestRejected):
+        param = e.param
+        if param == "prompt":
+            param = _prompt_param(req)  # the engine says prompt; a chat request sent messages
+        elif param is None and e.code.startswith(("invalid_grammar", "grammar_")):
+            param = _grammar_param(req, getattr(e, "kind", None))
+        return APIError(e.status, e.message, param=param, code=e.code, retry_after=getattr(e, "retry_after", None))
     if isinstance(e, EngineNotReady):
         return APIError(503, f"engine is not ready (phase: {e})", code="not_ready")
     if isinstance(e, EngineDead):
         return APIError(500, f"engine failed: {e}", code="engine_dead")
-    if isinstance(e, ValueError):
-        msg = str(e)
-        code = "context_length_exceeded" if "context" in msg or "too long" in msg else None
-        return APIError(400, msg, code=code)
+    if isinstance(e, RequestFailed):
+        return APIError(500, str(e), code="request_failed")
+    if isinstance(e, ValueError):  # an engine without typed refusals (a test double)
+        return APIError(400, str(e))
     return e
+
+
+def _stream_error(e: BaseException) -> dict:
+    """The error event of a stream that already answered 200."""
+    if isinstance(e, RequestFailed):
+        return error_body(500, str(e), code="request_failed")
+    return error_body(500, f"engine failed: {e}", code="engine_dead")
 
 
 async def _collect(subs: list[Submitted]) -> list[Any]:
@@ -398,11 +424,13 @@ async def _collect(subs: list[Submitted]) -> list[Any]:
     tasks = [asyncio.ensure_future(last(s)) for s in subs]
     try:
         return list(await asyncio.gather(*tasks))
-    except BaseException:
+    except BaseException as e:
         for t in tasks:
             t.cancel()
         for s in subs:
             s.stream.close()
+        if isinstance(e, RequestFailed):
+            raise APIError(500, str(e), code="request_failed") from None
         raise
 
 

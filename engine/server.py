@@ -1,7 +1,12 @@
-"""The HTTP face of the engine: OpenAI-compatible API, /health, /ready, /metrics.
+"""The HTTP face of the engine: OpenAI-compatible API, /health, /ready, /metrics, and the
+API's OpenAPI document (/openapi.json, browsable at /docs, as vLLM serves them).
 
 `create_app` builds the FastAPI app around an AsyncEngine. It reads and checks request
-bodies itself (size, UTF-8, JSON, schema) so every refusal is an OpenAI-shaped error.
+bodies itself (size, UTF-8, JSON, schema) so every refusal is an OpenAI-shaped error; each
+route still declares its request model, so /openapi.json carries the real schemas (ranges
+and list lengths included). A body larger than PARSE_INLINE_BYTES is parsed and validated
+in a worker thread: nothing a client sends may hold the event loop, which also answers the
+probes.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -33,6 +39,19 @@ log = logging.getLogger(__name__)
 
 _STARTED = now()
 
+# Bodies up to this size are parsed on the event loop (well under a millisecond); larger
+# ones, up to --max-request-body-bytes, in a worker thread.
+PARSE_INLINE_BYTES = 64 * 1024
+
+
+def _body(model: type) -> dict[str, Any]:
+    """The route's OpenAPI requestBody: the pydantic model it validates with."""
+    ref = {"$ref": f"#/components/schemas/{model.__name__}"}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": ref}}}}
+
+
+_BODIES = (ChatCompletionRequest, CompletionRequest, TokenizeRequest, DetokenizeRequest)
+
 
 def create_app(
     aengine: AsyncEngine,
@@ -42,8 +61,22 @@ def create_app(
     max_body_bytes: int = 4 * 1024 * 1024,
     snapshotter: Any = None,
 ) -> FastAPI:
-    app = FastAPI(title="preheat", docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="preheat", docs_url="/docs", redoc_url=None, openapi_url="/openapi.json")
     serving = OpenAIServing(aengine, model_name)
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = get_openapi(title="Preheat", version="1", description="OpenAI-compatible API",
+                                 routes=app.routes)
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            for model in _BODIES:
+                body = model.model_json_schema(ref_template="#/components/schemas/{model}")
+                components.update(body.pop("$defs", {}))
+                components[model.__name__] = body
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
     metrics = aengine.metrics
     app.state.aengine = aengine
     app.state.serving = serving
@@ -106,41 +139,47 @@ def create_app(
             card["max_model_len"] = int(aengine.engine.max_model_len)
         return JSONResponse({"object": "list", "data": [card]})
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", openapi_extra=_body(ChatCompletionRequest))
     async def chat(request: Request) -> Response:
         check_auth(request)
-        req = _validate(ChatCompletionRequest, await read_json(request, max_body_bytes))
+        req = await read_request(request, ChatCompletionRequest, max_body_bytes)
         return await _respond(request, serving.chat(req))
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", openapi_extra=_body(CompletionRequest))
     async def completions(request: Request) -> Response:
         check_auth(request)
-        req = _validate(CompletionRequest, await read_json(request, max_body_bytes))
+        req = await read_request(request, CompletionRequest, max_body_bytes)
         return await _respond(request, serving.completion(req))
 
-    @app.post("/tokenize")
+    @app.post("/tokenize", openapi_extra=_body(TokenizeRequest))
     async def tokenize(request: Request) -> JSONResponse:
         check_auth(request)
-        req = _validate(TokenizeRequest, await read_json(request, max_body_bytes))
-        return JSONResponse(serving.tokenize(req))
+        req = await read_request(request, TokenizeRequest, max_body_bytes)
+        return JSONResponse(await serving.tokenize(req))
 
-    @app.post("/detokenize")
+    @app.post("/detokenize", openapi_extra=_body(DetokenizeRequest))
     async def detokenize(request: Request) -> JSONResponse:
         check_auth(request)
-        req = _validate(DetokenizeRequest, await read_json(request, max_body_bytes))
-        return JSONResponse(serving.detokenize(req))
+        req = await read_request(request, DetokenizeRequest, max_body_bytes)
+        return JSONResponse(await serving.detokenize(req))
 
     @app.post("/admin/snapshot")
     async def snapshot(request: Request) -> JSONResponse:
-        """Saves a hot-prefix snapshot now (e.g. before a planned rollout)."""
+        """Saves a hot-prefix snapshot now (e.g. before a planned rollout). One at a time:
+        409 while a save (this route's, the periodic one or the shutdown one) runs."""
         check_auth(request)
         if snapshotter is None:
             raise APIError(404, "snapshots are off: start the server with --snapshot-dir",
                            code="snapshots_disabled")
         if aengine.engine is None or aengine.error is not None:
             raise APIError(503, f"engine is not serving (phase: {aengine.phase})", code="not_ready")
+        from preheat.engine.snapshotter import SnapshotInProgress
+
         try:
-            saved = await asyncio.to_thread(snapshotter.save, aengine)
+            saved = await asyncio.to_thread(snapshotter.save, aengine, wait=False)
+        except SnapshotInProgress:
+            raise APIError(409, "a snapshot is already being saved; wait for it to finish",
+                           code="snapshot_in_progress") from None
         except Exception as e:
             log.error("snapshot on request failed: %s: %s", type(e).__name__, e)
             raise APIError(500, f"snapshot failed: {type(e).__name__}: {e}",
@@ -151,8 +190,16 @@ def create_app(
     return app
 
 
-async def read_json(request: Request, limit: int) -> dict:
-    """The body as a JSON object, refusing oversized, non-UTF-8 and malformed bodies."""
+async def read_request(request: Request, model: type, limit: int) -> Any:
+    """The body validated as `model`; a large body is parsed and validated off the loop."""
+    body = await read_body(request, limit)
+    if len(body) <= PARSE_INLINE_BYTES:
+        return _validate(model, parse_json(body))
+    return await asyncio.to_thread(lambda: _validate(model, parse_json(body)))
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The raw body, refusing one larger than `limit` before reading it all."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise APIError(413, f"request body of {declared} bytes exceeds the limit of {limit} bytes",
@@ -163,8 +210,13 @@ async def read_json(request: Request, limit: int) -> dict:
         if len(body) > limit:
             raise APIError(413, f"request body exceeds the limit of {limit} bytes",
                            code="body_too_large")
+    return bytes(body)
+
+
+def parse_json(body: bytes) -> dict:
+    """The body as a JSON object, refusing non-UTF-8 and malformed bodies."""
     try:
-        text = bytes(body).decode("utf-8")
+        text = body.decode("utf-8")
     except UnicodeDecodeError as e:
         raise APIError(400, f"request body is not valid UTF-8 (byte {e.start})",
                        code="invalid_encoding") from None
@@ -173,6 +225,11 @@ async def read_json(request: Request, limit: int) -> dict:
     except json.JSONDecodeError as e:
         raise APIError(400, f"request body is not valid JSON: {e.msg} at line {e.lineno} "
                        f"column {e.colno}", code="invalid_json") from None
+    except RecursionError:
+        raise APIError(400, "request body is not valid JSON: nested too deeply",
+                       code="invalid_json") from None
+    except ValueError as e:  # e.g. an integer of more than 4300 digits
+        raise APIError(400, f"request body is not valid JSON: {e}", code="invalid_json") from None
     if not isinstance(data, dict):
         raise APIError(400, "request body must be a JSON object", code="invalid_json")
     return data

@@ -25,6 +25,10 @@ log = logging.getLogger(__name__)
 EXPORT_TIMEOUT_S = 120.0
 
 
+class SnapshotInProgress(RuntimeError):
+    """Another save is running (`POST /admin/snapshot` answers 409)."""
+
+
 @dataclass(frozen=True)
 class SavedSnapshot:
     path: str | None  # None when there was nothing to save
@@ -99,28 +103,37 @@ class Snapshotter:
 
     # ------------------------------------------------------------ save
 
-    def save(self, aengine: Any) -> SavedSnapshot:
+    def save(self, aengine: Any, wait: bool = True) -> SavedSnapshot:
         """Exports the hottest prefixes on the step thread and writes them (in this thread).
-        Raises on failure; callers decide whether that is a log line or an HTTP 500."""
-        from preheat.engine.kv.snapshot import save_snapshot
-
+        One save at a time: with `wait=False`, raises SnapshotInProgress instead of waiting
+        for a running one. Raises on failure; callers decide whether that is a log line or
+        an HTTP 500."""
         engine = aengine.engine
         if engine is None:
             raise RuntimeError("the engine is not loaded yet")
-        with self._lock:
-            started = time.monotonic()
-            records = aengine.call_in_engine(engine.export_prefixes, self.max_tokens).result(
-                timeout=EXPORT_TIMEOUT_S
-            )
-            if not records:
-                # An empty snapshot would become the newest and shadow a useful older one.
-                log.info("snapshot: nothing cached, nothing saved")
-                return SavedSnapshot(None, 0, 0, time.monotonic() - started)
-            path = save_snapshot(self.directory, engine.fingerprint, records, self.writer,
-                                 sharding=getattr(engine, "sharding", None))
-            tokens = sum(r.stored_tokens for r in records)
-            self.metrics.snapshot_saved_tokens.set(tokens)
-            return SavedSnapshot(str(path), tokens, len(records), time.monotonic() - started)
+        if not self._lock.acquire(blocking=wait):
+            raise SnapshotInProgress("a snapshot is already being saved")
+        try:
+            return self._save(aengine, engine)
+        finally:
+            self._lock.release()
+
+    def _save(self, aengine: Any, engine: Any) -> SavedSnapshot:
+        from preheat.engine.kv.snapshot import save_snapshot
+
+        started = time.monotonic()
+        records = aengine.call_in_engine(engine.export_prefixes, self.max_tokens).result(
+            timeout=EXPORT_TIMEOUT_S
+        )
+        if not records:
+            # An empty snapshot would become the newest and shadow a useful older one.
+            log.info("snapshot: nothing cached, nothing saved")
+            return SavedSnapshot(None, 0, 0, time.monotonic() - started)
+        path = save_snapshot(self.directory, engine.fingerprint, records, self.writer,
+                             sharding=getattr(engine, "sharding", None))
+        tokens = sum(r.stored_tokens for r in records)
+        self.metrics.snapshot_saved_tokens.set(tokens)
+        return SavedSnapshot(str(path), tokens, len(records), time.monotonic() - started)
 
     def save_at_shutdown(self, aengine: Any) -> None:
         """`AsyncEngine.on_shutdown` callback: runs after draining, before the step thread

@@ -55,6 +55,7 @@ class InvalidGrammar(RequestRejected):
 
     def __init__(self, message: str, code: str = "invalid_grammar") -> None:
         super().__init__(code, None, message)
+        self.kind: str | None = None  # the structured output kind that was refused
 
 
 @dataclass(frozen=True)
@@ -120,6 +121,13 @@ class GrammarBackend:
         return list(self.tokenizer_info.stop_token_ids)
 
     def compile(self, structured: StructuredSpec) -> CompiledGrammar:
+        try:
+            return self._cached_compile(structured)
+        except InvalidGrammar as e:
+            e.kind = getattr(structured, "kind", None)  # the server names the field from it
+            raise
+
+    def _cached_compile(self, structured: StructuredSpec) -> CompiledGrammar:
         kind, key = _canonical(structured)
         with self._lock:
             hit = self._cache.get((kind, key))

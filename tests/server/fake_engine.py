@@ -24,12 +24,28 @@ class FakeEngine:
         self.aborted: list[str] = []
         self._aborts: set[str] = set()
 
+    max_queue_len = 1000
+
     def add_request(self, prompt, params, request_id=None) -> str:
+        return self.enqueue_all([self.build_sequence(prompt, params, request_id)])[0]
+
+    def build_sequence(self, prompt, params, request_id=None):
         if len(prompt) >= self.max_model_len:
             raise ValueError("prompt too long")
+        return SimpleNamespace(request_id=request_id, prompt=list(prompt), params=params)
+
+    def check_request_budget(self, prompt_tokens: int, param: str = "prompt") -> None:
+        pass
+
+    def enqueue_all(self, seqs) -> list[str]:
+        from preheat.engine.request_errors import QueueFull
+
         with self._lock:
-            self.live[request_id] = {"prompt": list(prompt), "out": [], "max": params.max_tokens}
-        return request_id
+            if len(self.live) + len(seqs) > self.max_queue_len:
+                raise QueueFull("queue_full", "the fake's line is full", retry_after=1.0)
+            for s in seqs:
+                self.live[s.request_id] = {"prompt": s.prompt, "out": [], "max": s.params.max_tokens or 16}
+        return [s.request_id for s in seqs]
 
     def abort_request(self, request_id: str) -> None:
         with self._lock:
