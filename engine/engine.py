@@ -41,7 +41,7 @@ from preheat.engine.kv.tiers import KVTiers
 from preheat.engine.model.build import build_model, select_moe_backend
 from preheat.engine.model.loader import load_model
 from preheat.engine.request_builder import RequestBuilder, default_stop_ids
-from preheat.engine.request_errors import QueueFull
+from preheat.engine.request_errors import QueueFull, RequestRejected
 from preheat.engine.runner import BatchEntry, EntryFailed, ModelRunner
 from preheat.engine.sampling import SampleResult
 from preheat.engine.sampling_params import SamplingParams
@@ -263,9 +263,15 @@ class Engine:
     def enqueue_all(self, seqs: list[Sequence]) -> list[str]:
         """Queues all of one request's sequences or none: raises QueueFull when they would
         make more than `max_queue_len` sequences wait (the server's backpressure)."""
+        limit = self.config.max_queue_len
+        if len(seqs) > limit:  # could never fit: waiting for room would not help
+            raise RequestRejected(
+                "request_too_large", "n",
+                f"the request adds {len(seqs)} sequences (prompts x n) but at most {limit} may wait "
+                "(--max-queue-len); send fewer prompts or choices per request",
+            )
         with self._lock:
             waiting = len(self._inbox) + len(self.waiting)
-            limit = self.config.max_queue_len
             if waiting + len(seqs) > limit:
                 raise QueueFull(
                     "queue_full",

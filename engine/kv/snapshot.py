@@ -46,6 +46,10 @@ DEFAULT_KEEP = 3
 MAX_MANIFEST_BYTES = 64 * 1024 * 1024
 DEFAULT_MAX_FILE_BYTES = 256 * 1024 * 1024  # few files (few fsyncs on NFS), none huge
 STALE_TEMP_SECONDS = 3600.0  # a temp dir this old belongs to a writer that died
+# How long a restore may take to read the snapshot it chose. A snapshot superseded less than
+# this long ago may still be being read by a pod that listed it while it was the newest, so
+# pruning leaves it until then (a reader used to see manifest_missing / file_missing).
+RESTORE_GRACE_SECONDS = 600.0
 
 # Machine-readable reasons, the label values of preheat_snapshot_rejected_total{reason}.
 REJECT_REASONS = (
@@ -289,10 +293,13 @@ def save_snapshot(
     keep: int = DEFAULT_KEEP,
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
     sharding: Mapping[str, Any] | None = None,
+    grace_seconds: float = RESTORE_GRACE_SECONDS,
 ) -> Path:
-    """Writes a snapshot atomically and returns its directory; then prunes all but the newest
-    `keep`. Raises ValueError for records that do not match the fingerprint (a caller bug) and
-    OSError when the filesystem fails; a failed write leaves no partial snapshot behind.
+    """Writes a snapshot atomically and returns its directory; then prunes (see
+    prune_snapshots: the newest `keep` per model fingerprint stay, and none a restore may
+    still be reading). Raises ValueError for records that do not match the fingerprint (a
+    caller bug) and OSError when the filesystem fails; a failed write leaves no partial
+    snapshot behind.
 
     `sharding` records how the writing engine was sharded (its tensor-parallel size). It is
     informational, not part of the fingerprint: records always hold every KV head (a
@@ -337,7 +344,7 @@ def save_snapshot(
     tokens = sum(r.stored_tokens for r in records)
     log.info("snapshot saved: path=%s prefixes=%d tokens=%d", final, len(records), tokens)
     try:
-        prune_snapshots(root, keep=keep)
+        prune_snapshots(root, keep=keep, grace_seconds=grace_seconds)
     except OSError as e:  # pruning is housekeeping; the snapshot is already safe
         log.warning("snapshot pruning failed in %s: %s", root, e)
     return final
@@ -403,18 +410,64 @@ def list_snapshots(root: str | os.PathLike) -> list[Path]:
     return [root / n for _, n in sorted(found, reverse=True)]
 
 
+def snapshot_created_ns(path: Path) -> int:
+    """The creation time a snapshot's name carries (nanoseconds since the epoch)."""
+    m = _SNAPSHOT_NAME.match(path.name)
+    return int(m.group(1)) if m else 0
+
+
+def _fingerprint_key(path: Path) -> str:
+    """Which model a snapshot belongs to, for pruning; every unreadable manifest shares one
+    key (they are pruned among themselves)."""
+    try:
+        manifest = path / MANIFEST
+        if manifest.lstat().st_size > MAX_MANIFEST_BYTES:
+            return "?"
+        fp = json.loads(manifest.read_bytes()).get("fingerprint")
+        return json.dumps(fp, sort_keys=True, separators=(",", ":"))
+    except (OSError, ValueError, AttributeError):
+        return "?"
+
+
+def snapshots_to_prune(
+    snapshots: Sequence[tuple[str, int]], keep: int, grace_seconds: float, now_ns: int
+) -> list[int]:
+    """Which snapshots pruning deletes (indices), from (fingerprint key, created_ns) pairs.
+
+    Per fingerprint, the newest `keep` stay: pods of two models sharing a volume never
+    prune each other's only snapshot. An older one goes only once the snapshot that
+    superseded it (the next newer of its model) is older than `grace_seconds`: a pod that
+    chose it while it was the newest has had that long to read it."""
+    by_model: dict[str, list[tuple[int, int]]] = {}
+    for i, (key, created) in enumerate(snapshots):
+        by_model.setdefault(key, []).append((created, i))
+    doomed = []
+    for entries in by_model.values():
+        entries.sort(reverse=True)  # newest first
+        for rank in range(max(keep, 1), len(entries)):
+            superseded_at = entries[rank - 1][0]
+            if now_ns - superseded_at >= grace_seconds * 1e9:
+                doomed.append(entries[rank][1])
+    return sorted(doomed)
+
+
 def prune_snapshots(
     root: str | os.PathLike, keep: int = DEFAULT_KEEP, *, stale_seconds: float = STALE_TEMP_SECONDS,
-    now: float | None = None,
+    grace_seconds: float = RESTORE_GRACE_SECONDS, now: float | None = None,
 ) -> list[Path]:  # fmt: skip
-    """Deletes all but the newest `keep` snapshots and temp dirs of writers that died; returns
-    what it removed. Safe to run from several pods at once: a snapshot is first renamed to a
-    trash name (atomic, so exactly one pruner wins and readers never list a half-deleted
-    snapshot), then removed. A temp dir younger than `stale_seconds` may be a live writer's."""
+    """Deletes old snapshots (snapshots_to_prune: the newest `keep` per model fingerprint
+    stay, and none a restore may still be reading) and temp dirs of writers that died;
+    returns what it removed. Safe to run from several pods at once: a snapshot is first
+    renamed to a trash name (atomic, so exactly one pruner wins and readers never list a
+    half-deleted snapshot), then removed. A temp dir younger than `stale_seconds` may be a
+    live writer's."""
     root = Path(root)
     now = time.time() if now is None else now
     removed: list[Path] = []
-    for old in list_snapshots(root)[max(keep, 1) :]:
+    snapshots = list_snapshots(root)
+    keyed = [(_fingerprint_key(p), snapshot_created_ns(p)) for p in snapshots]
+    for i in snapshots_to_prune(keyed, keep, grace_seconds, int(now * 1e9)):
+        old = snapshots[i]
         trash = root / f".trash-{secrets.token_hex(6)}"
         try:
             os.rename(old, trash)

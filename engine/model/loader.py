@@ -11,7 +11,6 @@ first load writes the converted model as a Hugging Face directory into the weigh
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import logging
@@ -28,6 +27,7 @@ from safetensors.torch import load_file, save_file
 
 from preheat.engine.model.preflight import check_supported
 from preheat.engine.model.spec import ModelSpec
+from preheat.engine.model.weights_id import weights_id
 
 log = logging.getLogger(__name__)
 
@@ -75,32 +75,25 @@ def default_weight_cache_dir() -> Path:
     return Path(base) / "preheat" / "weights"
 
 
-def file_digest(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def load_model(model: str | None, dtype: torch.dtype, weight_cache_dir: str | None) -> LoadedModel:
     source = model or default_model_path()
     path = Path(source)
     if not path.exists():
         raise FileNotFoundError(f"--model {source!r}: no such file or directory")
     served = served_name_for(model)
+    cache_root = None if weight_cache_dir == "off" else Path(weight_cache_dir or default_weight_cache_dir())
     if path.is_dir():
-        return _load_hf_dir(path, dtype, served, source)
+        return _load_hf_dir(path, dtype, served, source, identify_in=cache_root)
     if path.suffix != ".gguf":
         raise ValueError(f"--model {source!r}: expected a Hugging Face directory or a .gguf file")
     check_supported(str(path))  # before hashing or converting: both are slow
-    cache_root = None if weight_cache_dir == "off" else Path(weight_cache_dir or default_weight_cache_dir())
     if cache_root is None:
         loaded = _load_gguf(path, dtype, served)
-        loaded.weights_id = "sha256:" + file_digest(path)
+        loaded.weights_id = weights_id([path])
         return loaded
     started = time.monotonic()
-    digest = file_digest(path)
+    weights = weights_id([path], cache_root)  # the GGUF's sha256, hashed once per file
+    digest = weights.removeprefix("sha256:")
     key = f"{digest[:32]}-{str(dtype).removeprefix('torch.')}-v{CACHE_FORMAT}"
     cached = cache_root / key
     damaged = False
@@ -109,14 +102,14 @@ def load_model(model: str | None, dtype: torch.dtype, weight_cache_dir: str | No
             loaded = _load_hf_dir(cached, dtype, served, source)
             loaded.from_cache = True
             loaded.hf_dir = str(cached)
-            loaded.weights_id = "sha256:" + digest
+            loaded.weights_id = weights
             log.info("weights: loaded %s from cache %s in %.1fs", path.name, cached, time.monotonic() - started)
             return loaded
         except Exception as exc:  # a damaged cache entry is rebuilt, never fatal
             log.warning("weights: cache entry %s unusable (%s); converting again", cached, exc)
             damaged = True
     loaded = _load_gguf(path, dtype, served)
-    loaded.weights_id = "sha256:" + digest
+    loaded.weights_id = weights
     try:
         _write_cache_entry(cached, loaded, replace_damaged=damaged)
         loaded.hf_dir = str(cached)
@@ -140,7 +133,12 @@ def _load_gguf(path: Path, dtype: torch.dtype, served: str) -> LoadedModel:
     return LoadedModel(config, ModelSpec.from_hf_config(config), tokenizer, weights, str(path), served, False)
 
 
-def _load_hf_dir(path: Path, dtype: torch.dtype, served: str, source: str) -> LoadedModel:
+def _load_hf_dir(
+    path: Path, dtype: torch.dtype, served: str, source: str, identify_in: Path | None = None
+) -> LoadedModel:
+    """Loads a Hugging Face directory. The weights id is the full files' digest (see
+    weights_id.py), cached under `identify_in` (the weight cache; None: beside the files).
+    A converted GGUF entry is loaded with its source's id instead (set by the caller)."""
     from transformers import AutoConfig, AutoTokenizer
 
     check_supported(str(path))  # a clear message before transformers meets an unknown model_type
@@ -152,7 +150,8 @@ def _load_hf_dir(path: Path, dtype: torch.dtype, served: str, source: str) -> Lo
     for f in files:
         for name, tensor in load_file(str(f)).items():
             weights[name] = tensor if tensor.dtype == dtype else tensor.to(dtype)
-    return LoadedModel(config, spec, tokenizer, weights, source, served, False, str(path), _dir_digest(files))
+    return LoadedModel(config, spec, tokenizer, weights, source, served, False, str(path),
+                       weights_id(files, identify_in))
 
 
 def weight_files(path: Path) -> list[Path]:
@@ -178,17 +177,6 @@ def weight_files(path: Path) -> list[Path]:
         raise FileNotFoundError(f"{path}: no *.safetensors weight files")
     return files
 
-
-def _dir_digest(files: list[Path]) -> str:
-    """Names, sizes and the first MiB of each weight file: cheap, and different for any two
-    real checkpoints (a fine-tune changes the leading tensors' bytes)."""
-    h = hashlib.sha256()
-    for f in files:
-        h.update(f.name.encode())
-        h.update(str(f.stat().st_size).encode())
-        with open(f, "rb") as fh:
-            h.update(fh.read(1 << 20))
-    return "sha256:" + h.hexdigest()
 
 
 def _write_cache_entry(target: Path, loaded: LoadedModel, replace_damaged: bool = False) -> None:

@@ -78,3 +78,55 @@ def test_a_failed_write_leaves_nothing_behind(tmp_path, monkeypatch):
     with pytest.raises(OSError):
         loader._write_cache_entry(tmp_path / "key", converted("pod-a"))
     assert list(tmp_path.iterdir()) == []
+
+
+# --------------------------------------------------------------------------- weights identity
+
+
+def fine_tune_of(base: Path, target: Path) -> Path:
+    """A copy of a checkpoint whose last byte differs: same shapes, same leading tensors."""
+    import shutil
+
+    shutil.copytree(base, target)
+    weights = next(target.glob("*.safetensors"))
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0x01
+    weights.write_bytes(bytes(data))
+    return target
+
+
+def test_a_fine_tune_sharing_leading_tensors_has_another_weights_id(tiny_llama_dir, tmp_path):
+    tuned = fine_tune_of(tiny_llama_dir, tmp_path / "tuned")
+    cache = tmp_path / "cache"
+    base_id = loader.weights_id(sorted(tiny_llama_dir.glob("*.safetensors")), cache)
+    tuned_id = loader.weights_id(sorted(tuned.glob("*.safetensors")), cache)
+    assert base_id != tuned_id
+    # The first MiB of each file (the identity before) is the same for both.
+    first_mib = [f.read_bytes()[: 1 << 20] for f in (next(tiny_llama_dir.glob("*.safetensors")),
+                                                     next(tuned.glob("*.safetensors")))]
+    assert first_mib[0] == first_mib[1]
+    assert loader.load_model(str(tuned), torch.float32, str(cache)).weights_id == tuned_id
+
+
+def test_the_weights_id_is_hashed_once_and_kept_in_the_weight_cache(tiny_llama_dir, tmp_path, monkeypatch):
+    from preheat.engine.model import weights_id as wid
+
+    model = fine_tune_of(tiny_llama_dir, tmp_path / "model")
+    files = sorted(model.glob("*.safetensors"))
+    hashed = []
+    real = wid.file_digest
+    monkeypatch.setattr(wid, "file_digest", lambda p: hashed.append(p) or real(p))
+    cache = tmp_path / "cache"
+    first = wid.weights_id(files, cache)
+    second = wid.weights_id(files, cache)
+    assert first == second and len(hashed) == len(files)  # the second start read it back
+    assert wid.sidecar_path(files, cache).is_file()
+    assert not any(p.name.endswith(".json") and "weights-id" in p.name for p in model.iterdir())
+    # Changed weights (a new mtime and content) are hashed again.
+    data = bytearray(files[0].read_bytes())
+    data[-2] ^= 0x01
+    files[0].write_bytes(bytes(data))
+    third = wid.weights_id(files, cache)
+    assert third != first and len(hashed) == 2 * len(files)
+    # Without a weight cache nothing is kept: hashed at every start.
+    assert wid.weights_id(files, None) == third and len(hashed) == 3 * len(files)

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from server_process import API_KEY, Server, start_server
+from server_process import API_KEY, TINY_FLAGS, Server, start_server
+from tiny_models import build_tiny_model
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -48,3 +49,16 @@ def http(server):
     with httpx.Client(base_url=server.url, timeout=120,
                       headers={"Authorization": f"Bearer {API_KEY}"}) as c:
         yield c
+
+
+@pytest.fixture(scope="session")
+def tiny_server(tmp_path_factory, tokenizer) -> Server:
+    """A real server on a tiny random-weight model (a decode step takes milliseconds) with
+    small limits, for tests that send many or large requests: bounds, fuzzing, probes under
+    load. Its limits: context 64, 16 running, 32 waiting, 1024 prompt tokens per request,
+    2 s per grammar compile."""
+    model = build_tiny_model(tmp_path_factory.mktemp("tiny-model"), "llama", tokenizer)
+    srv = start_server(tmp_path_factory.mktemp("tiny-server"), "--model", str(model), *TINY_FLAGS)
+    srv.api_key = API_KEY
+    yield srv
+    srv.stop()

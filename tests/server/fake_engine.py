@@ -15,7 +15,8 @@ class FakeEngine:
     max_model_len = 64
     served_model_name = "fake"
 
-    def __init__(self, fail_on_step: bool = False) -> None:
+    def __init__(self, fail_on_step: bool = False, fail_token: int | None = None) -> None:
+        self.fail_token = fail_token  # a request whose prompt holds it fails on its own
         self.tokenizer = SimpleNamespace(decode=lambda ids: "".join(chr(97 + i % 26) for i in ids))
         self.model_config = SimpleNamespace(vocab_size=100)
         self.fail_on_step = fail_on_step
@@ -66,6 +67,11 @@ class FakeEngine:
                 if self.live.pop(rid, None) is not None:
                     self.aborted.append(rid)
             for rid, r in list(self.live.items()):
+                if self.fail_token is not None and self.fail_token in r["prompt"]:
+                    del self.live[rid]
+                    outs.append(RequestOutput(rid, r["prompt"], [], [], "", "", True, "error", cached_tokens=0,
+                                              error="the request failed while sampling: RuntimeError: injected"))
+                    continue
                 tok = len(r["out"])
                 r["out"].append(tok)
                 done = len(r["out"]) >= r["max"]

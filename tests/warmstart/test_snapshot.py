@@ -352,8 +352,43 @@ def test_every_refusal_reason_is_exercised_by_this_file():
 
 
 def test_saving_keeps_the_newest_few_and_prunes_the_rest(tmp_path):
-    paths = [save_snapshot(tmp_path, FP, [record(4, i)], "w", keep=2) for i in range(4)]
+    paths = [save_snapshot(tmp_path, FP, [record(4, i)], "w", keep=2, grace_seconds=0) for i in range(4)]
     assert list_snapshots(tmp_path) == [paths[3], paths[2]]
+
+
+def test_a_snapshot_superseded_less_than_a_restore_ago_is_kept(tmp_path):
+    paths = [save_snapshot(tmp_path, FP, [record(4, i)], "w", keep=1) for i in range(3)]
+    assert list_snapshots(tmp_path) == paths[::-1]  # all young: a reader may hold any of them
+    superseded = snap.snapshot_created_ns(paths[1]) / 1e9  # when paths[0] stopped being newest
+    assert prune_snapshots(tmp_path, keep=1, now=superseded + snap.RESTORE_GRACE_SECONDS - 1) == []
+    later = snap.snapshot_created_ns(paths[2]) / 1e9 + snap.RESTORE_GRACE_SECONDS
+    assert prune_snapshots(tmp_path, keep=1, now=later) == [paths[1], paths[0]]
+
+
+def test_pruning_keeps_the_newest_of_each_model(tmp_path):
+    other = {**FP, "model_id": "sha256:a-fine-tune"}
+    ours = [save_snapshot(tmp_path, FP, [record(4, i)], "a", keep=1, grace_seconds=0) for i in range(3)]
+    theirs = save_snapshot(tmp_path, other, [record(4, 9)], "b", keep=1, grace_seconds=0)
+    newest_ours = save_snapshot(tmp_path, FP, [record(4, 10)], "a", keep=1, grace_seconds=0)
+    # Pods of two models share the volume: each model keeps its newest.
+    assert list_snapshots(tmp_path) == [newest_ours, theirs]
+    assert ours[-1] not in list_snapshots(tmp_path)
+    assert load_latest_snapshot(tmp_path, other).path == theirs
+
+
+@pytest.mark.parametrize(
+    "snapshots, keep, expected",
+    [
+        ([("a", 100), ("a", 50), ("a", 10)], 1, [1, 2]),  # superseded at 100 and 50, both old
+        ([("a", 100), ("b", 99), ("a", 50)], 1, [2]),  # b is another model's newest
+        ([("a", 100), ("a", 95), ("a", 10)], 2, [2]),  # the third is superseded at 95: old
+        ([("a", 990), ("a", 50)], 1, []),  # superseded at 990, 10 s ago: a restore may read it
+        ([("?", 100), ("?", 90)], 1, [1]),  # unreadable manifests are pruned among themselves
+    ],
+)
+def test_which_snapshots_pruning_deletes(snapshots, keep, expected):
+    ns = [(k, t * 10**9) for k, t in snapshots]
+    assert snap.snapshots_to_prune(ns, keep, grace_seconds=60, now_ns=1000 * 10**9) == expected
 
 
 def test_pruning_removes_stale_temp_dirs_but_not_a_live_writers(tmp_path):
@@ -390,7 +425,7 @@ def test_concurrent_pruners_do_not_fail_each_other(tmp_path):
 
     def prune():
         try:
-            prune_snapshots(tmp_path, keep=1)
+            prune_snapshots(tmp_path, keep=1, grace_seconds=0)
         except BaseException as e:
             errors.append(e)
 
@@ -401,10 +436,14 @@ def test_concurrent_pruners_do_not_fail_each_other(tmp_path):
 
 
 def test_two_writer_threads_and_a_reader_share_one_directory(tmp_path):
+    """Writers save and prune while a reader restores: the reader never loses the snapshot it
+    chose to pruning (it was pruned as soon as it was not among the newest two, and a slow
+    reader got manifest_missing / file_missing), and nothing it reads is ever corrupt."""
     written: dict[tuple, list] = {}
     lock = threading.Lock()
     stop = threading.Event()
     problems: list[str] = []
+    reads = []
 
     def writer(name: str, seed: int):
         for i in range(8):
@@ -414,11 +453,11 @@ def test_two_writer_threads_and_a_reader_share_one_directory(tmp_path):
             save_snapshot(tmp_path, FP, recs, name, keep=2)
 
     def reader():
-        while not stop.is_set():
+        while not stop.is_set() or not reads:
             result = load_latest_snapshot(tmp_path, FP)
-            # Only a race with pruning may refuse a snapshot; nothing may be corrupt.
-            problems.extend(r.reason for r in result.rejected if r.reason != "file_missing")
+            problems.extend(f"{r.reason}: {r.detail}" for r in result.rejected)
             if result.records:
+                reads.append(result.path)
                 with lock:
                     expected = written[tuple(result.records[0].token_ids)]
                 if not same(result.records, expected):
@@ -431,7 +470,10 @@ def test_two_writer_threads_and_a_reader_share_one_directory(tmp_path):
     [t.join() for t in threads]
     stop.set()
     r.join()
-    assert problems == []
+    assert problems == [] and reads
+    assert len(list_snapshots(tmp_path)) == 16  # all within a restore's grace: none pruned yet
+    newest = snap.snapshot_created_ns(list_snapshots(tmp_path)[0]) / 1e9
+    prune_snapshots(tmp_path, keep=2, now=newest + snap.RESTORE_GRACE_SECONDS)
     assert len(list_snapshots(tmp_path)) == 2
     assert [n for n in os.listdir(tmp_path) if n.startswith(".")] == []
     final = load_latest_snapshot(tmp_path, FP)
@@ -445,12 +487,15 @@ def test_two_writer_processes_share_one_directory(tmp_path):
     [p.join(60) for p in procs]
     assert [p.exitcode for p in procs] == [0, 0]
     snapshots = list_snapshots(tmp_path)
-    assert 1 <= len(snapshots) <= snap.DEFAULT_KEEP + 1  # a last prune may race with the other's rename
+    assert len(snapshots) == 10  # all within a restore's grace of their successor: none pruned
     writers = {manifest(p)["writer_id"] for p in snapshots}
     assert writers <= {"pod-0", "pod-1"}
     for p in snapshots:
         assert snap.read_snapshot(p, FP)[0]  # every snapshot left behind is complete and valid
     assert load_latest_snapshot(tmp_path, FP).rejected == []
+    later = snap.snapshot_created_ns(snapshots[0]) / 1e9 + snap.RESTORE_GRACE_SECONDS
+    prune_snapshots(tmp_path, now=later)
+    assert list_snapshots(tmp_path) == snapshots[: snap.DEFAULT_KEEP]
 
 
 # --------------------------------------------------------------------------- fingerprints
