@@ -26,6 +26,7 @@ class FakeEngine:
         self._aborts: set[str] = set()
 
     max_queue_len = 1000
+    step_seconds = 0.002
 
     def add_request(self, prompt, params, request_id=None) -> str:
         return self.enqueue_all([self.build_sequence(prompt, params, request_id)])[0]
@@ -59,7 +60,7 @@ class FakeEngine:
     def step(self) -> list[RequestOutput]:
         if self.fail_on_step:
             raise RuntimeError("boom")
-        time.sleep(0.002)  # a step takes time, so a client can leave mid-request
+        time.sleep(self.step_seconds)  # a step takes time, so a client can leave mid-request
         outs = []
         with self._lock:
             aborts, self._aborts = self._aborts, set()

@@ -111,3 +111,31 @@ async def test_a_dead_step_loop_fails_liveness_and_requests():
 
 async def _drain_stream(stream):
     return [o async for o in stream]
+
+
+async def collect(stream, outs):
+    async for out in stream:
+        outs.append(out)
+
+
+@pytest.mark.parametrize("step_seconds, settle", [(0.5, None), (3.0, 0.3)])
+async def test_drain_hands_every_stream_its_abort_even_when_steps_are_slow(monkeypatch, step_seconds, settle):
+    """The shutdown timeout aborts what is left; each client must still get its finish
+    (the race behind a flaky SIGTERM test: drain slept 0.1 s, the step loop was stopped before
+    a slow step answered the abort, and the stream ended without a finish_reason). When the
+    step loop does not answer in time at all, the streams are ended with "abort" here."""
+    from preheat.engine import async_engine
+
+    if settle is not None:
+        monkeypatch.setattr(async_engine, "ABORT_SETTLE_S", settle)
+    aengine, life, fake, _ = make()
+    assert await life.start()
+    fake.step_seconds = step_seconds
+    outs: list = []
+    task = asyncio.ensure_future(collect(aengine.submit([1, 2], SamplingParams(max_tokens=10_000), "r-1"), outs))
+    while not outs:
+        await asyncio.sleep(0.01)
+    await life.shutdown(0.05)
+    await asyncio.wait_for(task, 10)
+    assert outs[-1].finished and outs[-1].finish_reason == "abort"
+    assert aengine.num_in_flight == 0
