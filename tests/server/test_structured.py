@@ -151,3 +151,31 @@ def test_invalid_grammar_is_a_value_error_with_one_line(backend, spec):
     assert isinstance(info.value, ValueError)
     message = str(info.value)
     assert message and "\n" not in message and ".cc:" not in message
+
+
+def test_a_grammar_over_the_size_limit_is_refused_before_compiling(backend):
+    from preheat.engine.request_limits import MAX_GRAMMAR_CHARS
+
+    kills = backend.worker.kills
+    with pytest.raises(InvalidGrammar) as info:
+        backend.compile(Spec("regex", "a" * (MAX_GRAMMAR_CHARS + 1)))
+    assert info.value.code == "grammar_too_large"
+    schema = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(3000)}}
+    with pytest.raises(InvalidGrammar) as info:
+        backend.compile(Spec("json_schema", schema))
+    assert info.value.code == "grammar_too_large" and backend.worker.kills == kills
+
+
+def test_a_compile_past_the_time_limit_is_stopped_and_the_next_one_works(tokenizer):
+    """`.{0,20000}x` is short but compiles for minutes; xgrammar cannot be interrupted, so
+    the compile runs in a child process that is killed at the limit."""
+    backend = GrammarBackend(tokenizer, VOCAB, compile_timeout=1.0)
+    backend.compile(Spec("regex", "[0-9]+"))  # the child is up before the clock matters
+    with pytest.raises(InvalidGrammar) as info:
+        backend.compile(Spec("regex", ".{0,20000}x"))
+    assert info.value.code == "grammar_compile_timeout" and backend.worker.kills == 1
+    matcher = backend.new_matcher(backend.compile(Spec("regex", "(yes|no)")))  # a fresh child
+    for tok in tokenizer.encode("yes", add_special_tokens=False):
+        assert matcher.accept_token(tok)
+    assert matcher.is_completed()
+    backend.close()
