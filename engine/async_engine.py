@@ -189,14 +189,19 @@ class AsyncEngine:
     def submit_sequences(self, seqs: list[Any], *, internal: bool = False) -> list[RequestStream]:
         """Queues sequences the engine built (`engine.build_sequence`, in a worker thread)
         all at once or none: raises QueueFull when the waiting line has no room for them
-        (`--max-queue-len`), EngineNotReady / EngineDead as `submit`."""
+        (`--max-queue-len`; internal requests, the warmup's, are not bounded by it),
+        EngineNotReady / EngineDead as `submit`."""
         self._check_admitting(internal)
         now = time.monotonic()
         streams = {s.request_id: _Stream(asyncio.Queue(), now) for s in seqs}
         with self._lock:
             self._streams.update(streams)
         try:
-            self.engine.enqueue_all(seqs)
+            if internal:
+                for seq in seqs:
+                    self.engine.enqueue(seq)
+            else:
+                self.engine.enqueue_all(seqs)
         except BaseException:
             with self._lock:
                 for rid in streams:
@@ -216,10 +221,14 @@ class AsyncEngine:
     async def generate(
         self, prompt: str | list[int], params: Any, request_id: str, *, internal: bool = False
     ) -> AsyncIterator[Any]:
-        """Yields the RequestOutputs of one request until it finishes. Leaving early aborts
-        the request once the generator is closed: wrap it in `contextlib.aclosing` to make
-        that immediate (a bare `break` leaves the closing to garbage collection)."""
-        stream = self.submit(prompt, params, request_id, internal=internal)
+        """Yields the RequestOutputs of one request until it finishes. The request is built
+        (tokenized, its grammar compiled) in a worker thread, not on the event loop. Leaving
+        early aborts the request once the generator is closed: wrap it in
+        `contextlib.aclosing` to make that immediate (a bare `break` leaves the closing to
+        garbage collection)."""
+        self._check_admitting(internal)
+        seq = await asyncio.to_thread(self.engine.build_sequence, prompt, params, request_id)
+        stream = self.submit_sequences([seq], internal=internal)[0]
         try:
             async for out in stream:
                 yield out

@@ -199,15 +199,20 @@ class OpenAIServing:
         if req.stream:
             return self._chat_stream(engine, req, subs, rid, created, [DeltaStream(plan, fmt) for _ in subs])
         finals = await _collect(subs)
-        choices = []
-        for s, out in zip(subs, finals):
-            message, reason = chat_message(out.text, out.finish_reason, plan, fmt)
-            choices.append({
-                "index": s.index,
-                "message": message,
-                "logprobs": _chat_logprobs(engine, out) if req.logprobs else None,
-                "finish_reason": reason,
-            })
+
+        def build_choices() -> list[dict]:  # logprobs decode every token: off the loop
+            choices = []
+            for s, out in zip(subs, finals):
+                message, reason = chat_message(out.text, out.finish_reason, plan, fmt)
+                choices.append({
+                    "index": s.index,
+                    "message": message,
+                    "logprobs": _chat_logprobs(engine, out) if req.logprobs else None,
+                    "finish_reason": reason,
+                })
+            return choices
+
+        choices = await asyncio.to_thread(build_choices) if req.logprobs else build_choices()
         return {
             "id": rid, "object": "chat.completion", "created": created, "model": self.model_name,
             "choices": choices, "usage": _usage([ids], finals, req.n),
@@ -294,15 +299,20 @@ class OpenAIServing:
         if req.stream:
             return self._completion_stream(engine, req, subs, prep, rid, created)
         finals = await _collect(subs)
-        choices = []
-        for s, out in zip(subs, finals):
-            prefix = prep.echo[s.index // req.n] if req.echo else ""
-            choices.append({
-                "index": s.index, "text": prefix + out.text,
-                "logprobs": _completion_logprobs(engine, out, len(prefix))
-                if req.logprobs is not None else None,
-                "finish_reason": out.finish_reason,
-            })
+
+        def build_choices() -> list[dict]:  # logprobs decode every token: off the loop
+            choices = []
+            for s, out in zip(subs, finals):
+                prefix = prep.echo[s.index // req.n] if req.echo else ""
+                choices.append({
+                    "index": s.index, "text": prefix + out.text,
+                    "logprobs": _completion_logprobs(engine, out, len(prefix))
+                    if req.logprobs is not None else None,
+                    "finish_reason": out.finish_reason,
+                })
+            return choices
+
+        choices = await asyncio.to_thread(build_choices) if req.logprobs is not None else build_choices()
         return {
             "id": rid, "object": "text_completion", "created": created, "model": self.model_name,
             "choices": choices, "usage": _usage(prompts, finals, req.n), "system_fingerprint": None,

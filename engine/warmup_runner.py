@@ -176,15 +176,23 @@ async def _drain(stream: Any) -> Any:
 
 
 async def _run_batch(aengine: Any, items: list[tuple[str, list[int], SamplingParams]]) -> list[Any]:
-    """Submits every request first (so they are admitted into one batch), then waits for all.
-    Returns the final output per item, or the ValueError the engine refused it with."""
-    streams: list[Any] = []
-    for label, ids, params in items:
-        try:
-            streams.append(aengine.submit(ids, params, aengine.new_request_id(f"warmup-{label}"),
-                                          internal=True))
-        except ValueError as e:  # too long for this model, a grammar xgrammar refuses, ...
-            streams.append(e)
+    """Builds every request (in a worker thread: grammars compile there, and the probes keep
+    answering), submits them together (so they are admitted into one batch), then waits for
+    all. Returns the final output per item, or the ValueError the engine refused it with."""
+    engine = aengine.engine
+
+    def build() -> list[Any]:
+        built: list[Any] = []
+        for label, ids, params in items:
+            try:
+                built.append(engine.build_sequence(ids, params, aengine.new_request_id(f"warmup-{label}")))
+            except ValueError as e:  # too long for this model, a grammar xgrammar refuses, ...
+                built.append(e)
+        return built
+
+    built = await asyncio.to_thread(build)
+    queued = iter(aengine.submit_sequences([b for b in built if not isinstance(b, ValueError)], internal=True))
+    streams = [b if isinstance(b, ValueError) else next(queued) for b in built]
     waiting = [_drain(s) for s in streams if not isinstance(s, ValueError)]
     finals = iter(await asyncio.gather(*waiting))
     return [s if isinstance(s, ValueError) else next(finals) for s in streams]
@@ -201,7 +209,8 @@ async def run_warmup(aengine: Any, plan: WarmupPlan, metrics: Any) -> WarmupRepo
         log.info("warmup plan: %s", note)
 
     # 1. Pins: prefill each prefix (one batch), then pin what got cached.
-    pins = [(p, pin_ids(tok, p, rendering)) for p in plan.pins]
+    # Chat templates and tokenizing run in a worker thread: the probes answer meanwhile.
+    pins = await asyncio.to_thread(lambda: [(p, pin_ids(tok, p, rendering)) for p in plan.pins])
     finals = await _run_batch(
         aengine, [(p.template, ids, SamplingParams(max_tokens=1, temperature=0)) for p, ids in pins if ids]
     )
@@ -226,10 +235,14 @@ async def run_warmup(aengine: Any, plan: WarmupPlan, metrics: Any) -> WarmupRepo
     # 2. Waves, in ladder order.
     salt = 0
     for wave in plan.waves:
-        items = []
-        for req in wave.requests:
-            salt += 1
-            items.append((req.template, request_ids(tok, req, salt, rendering), request_params(req, rendering)))
+        salts = range(salt + 1, salt + 1 + len(wave.requests))
+        salt += len(wave.requests)
+        items = await asyncio.to_thread(
+            lambda w=wave, ss=salts: [
+                (r.template, request_ids(tok, r, s, rendering), request_params(r, rendering))
+                for r, s in zip(w.requests, ss)
+            ]
+        )
         outs = await _run_batch(aengine, items)
         for req, (_, ids, _), out in zip(wave.requests, items, outs):
             rep = report.for_template(req.template)

@@ -274,7 +274,7 @@ def test_a_mixtral_gguf_is_refused_before_any_conversion(tmp_path, monkeypatch):
         raise AssertionError("converted a GGUF that should have been refused")
 
     monkeypatch.setattr("preheat.engine.model.loader._load_gguf", must_not_convert)
-    monkeypatch.setattr("preheat.engine.model.loader.file_digest", must_not_convert)
+    monkeypatch.setattr("preheat.engine.model.loader.weights_id", must_not_convert)  # no hashing either
     with pytest.raises(UnsupportedModelError, match="Mixtral-style"):
         load_model(str(path), torch.float32, str(tmp_path / "cache"))
 
