@@ -537,18 +537,20 @@ class Engine:
     def _finish(self, seq: Sequence, reason: str) -> RequestOutput:
         self._remove(seq)
         seq.finish_reason = reason
-        return seq.take_output()
+        try:
+            return seq.take_output()
+        except Exception as exc:  # its detokenizer: the request fails, the step goes on
+            return self._fail(seq, "detokenizing", exc)
 
     def _remove(self, seq: Sequence) -> None:
-        """Takes a sequence out of the running set or the line, its pages given back."""
-        if seq.status is Status.RUNNING:
-            try:
-                self.kv.release(seq)
-            finally:
-                self.running.remove(seq)
-        elif seq.status is Status.WAITING:
+        """Takes a sequence out of the running set or the line, its pages given back. Marked
+        finished first, so a second call (after a failing release) does nothing."""
+        status, seq.status = seq.status, Status.FINISHED
+        if status is Status.RUNNING:
+            self.running.remove(seq)
+            self.kv.release(seq)
+        elif status is Status.WAITING:
             self.waiting.remove(seq)
-        seq.status = Status.FINISHED
 
     def _fail(self, seq: Sequence, stage: str, exc: BaseException) -> RequestOutput:
         """Ends one request that raised while the engine was `stage`: logged with its id, its
@@ -561,7 +563,6 @@ class Engine:
             self._remove(seq)
         except Exception:  # what it held cannot be given back cleanly; the others go on
             log.exception("request %s: releasing its KV pages failed", seq.request_id)
-            seq.status = Status.FINISHED
         return seq.error_output(f"the request failed while {stage}: {type(exc).__name__}: {exc}")
 
     def _fail_unrunnable(self, outputs: list[RequestOutput]) -> None:

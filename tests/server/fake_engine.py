@@ -39,6 +39,11 @@ class FakeEngine:
     def check_request_budget(self, prompt_tokens: int, param: str = "prompt") -> None:
         pass
 
+    def enqueue(self, seq) -> str:
+        with self._lock:
+            self.live[seq.request_id] = {"prompt": seq.prompt, "out": [], "max": seq.params.max_tokens or 16}
+        return seq.request_id
+
     def enqueue_all(self, seqs) -> list[str]:
         from preheat.engine.request_errors import QueueFull
 

@@ -214,13 +214,17 @@ def test_every_damaged_snapshot_is_refused_and_the_engine_still_becomes_ready(se
 def test_two_writers_sharing_one_directory_leave_only_valid_snapshots_newest_wins(second, first):
     pair = (second.restarted, second.twin)
 
-    def snapshot(server: Server) -> dict:
-        r = httpx.post(server.url + "/admin/snapshot", headers=server.auth(), timeout=120)
-        assert r.status_code == 200, r.text
-        return r.json()
+    def snapshot(server: Server) -> tuple[str, httpx.Response]:
+        return server.url, httpx.post(server.url + "/admin/snapshot", headers=server.auth(), timeout=120)
 
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
-        saved = list(pool.map(snapshot, [s for _ in range(2) for s in pair]))
+        answers = list(pool.map(snapshot, [s for _ in range(2) for s in pair]))
+        # Each server saves one snapshot at a time: a second request while one runs is a 409.
+        for server in pair:
+            mine = [r for url, r in answers if url == server.url]
+            assert any(r.status_code == 200 for r in mine), [r.text for r in mine]
+            assert all(r.status_code == 200 or r.json()["error"]["code"] == "snapshot_in_progress" for r in mine)
+        saved = [r.json() for _, r in answers if r.status_code == 200]
         codes = list(pool.map(lambda s: s.stop(), pair))  # and both save again at shutdown
     assert codes == [0, 0]
     writers = {Path(s["path"]).name[len("snap-") + 21 : -9] for s in saved}  # snap-<ns>-<writer>-<hex>
