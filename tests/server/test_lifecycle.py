@@ -31,6 +31,12 @@ def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
         (["--dtype", "float8"], {}, "--dtype: 'float8' is not one of"),
         (["--mem-fraction-static", "1.5"], {}, "--mem-fraction-static: 1.5 is above the maximum"),
         ([], {"PREHEAT_MAX_NUM_SEQS": "many"}, "PREHEAT_MAX_NUM_SEQS: 'many' is not a valid int"),
+        # An empty key used to switch authentication off without a word.
+        (["--api-key", ""], {}, "--api-key: the key is empty"),
+        ([], {"PREHEAT_API_KEY": ""}, "--api-key: the key is empty"),
+        (["--api-key", "   "], {}, "--api-key: the key is empty"),
+        (["--max-queue-len", "0"], {}, "--max-queue-len: 0 is below the minimum 1"),
+        (["--grammar-compile-timeout", "0"], {}, "--grammar-compile-timeout: 0.0 must be greater than 0.0"),
     ],
 )
 def test_bad_setting_fails_at_start_with_one_line(args, env, reason):
@@ -51,7 +57,8 @@ def test_help_names_every_flag_and_its_env_var():
     for flag in ["--model", "--served-model-name", "--host", "--port", "--dtype", "--page-size",
                  "--mem-fraction-static", "--max-num-seqs", "--max-model-len",
                  "--chunked-prefill-size", "--disable-radix-cache", "--api-key", "--log-level",
-                 "--shutdown-timeout", "--max-request-body-bytes"]:
+                 "--shutdown-timeout", "--max-request-body-bytes", "--max-queue-len",
+                 "--max-request-prompt-tokens", "--grammar-compile-timeout"]:
         assert flag in r.stdout
         assert "PREHEAT_" + flag[2:].replace("-", "_").upper() in r.stdout
 
