@@ -361,7 +361,7 @@ def test_a_snapshot_superseded_less_than_a_restore_ago_is_kept(tmp_path):
     assert list_snapshots(tmp_path) == paths[::-1]  # all young: a reader may hold any of them
     superseded = snap.snapshot_created_ns(paths[1]) / 1e9  # when paths[0] stopped being newest
     assert prune_snapshots(tmp_path, keep=1, now=superseded + snap.RESTORE_GRACE_SECONDS - 1) == []
-    later = snap.snapshot_created_ns(paths[2]) / 1e9 + snap.RESTORE_GRACE_SECONDS
+    later = snap.snapshot_created_ns(paths[2]) / 1e9 + snap.RESTORE_GRACE_SECONDS + 1  # a float clock: not the boundary itself
     assert prune_snapshots(tmp_path, keep=1, now=later) == [paths[1], paths[0]]
 
 
