@@ -21,6 +21,7 @@ KV_CACHE_DTYPES = ("auto", "fp8_e4m3")
 PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 TOOL_CALL_PARSERS = ("auto", *FORMATS)
+QUANTIZATIONS = ("int8",)
 
 
 def _opt(help: str, default: Any = None, **extra: Any) -> Any:
@@ -54,6 +55,13 @@ class EngineConfig:
         "and the MLP width; KV heads are split, or replicated when fewer than the ranks.",
         1,
         min=1,
+    )
+    quantization: str | None = _opt(
+        "Weight quantization: int8 stores every matrix as int8 blocks of 32 (a GGUF model's "
+        "Q8_0/Q4_1 blocks as they are), about half the bytes a decode step reads in bfloat16; "
+        "activations and the KV cache keep --dtype. Empty = none.",
+        None,
+        choices=QUANTIZATIONS,
     )
 
     # --- KV pool and prefix cache ---

@@ -40,6 +40,7 @@ from preheat.engine.kv.snapshot import PrefixRecord, model_fingerprint, tokenize
 from preheat.engine.kv.tiers import KVTiers
 from preheat.engine.model.build import build_model, select_moe_backend
 from preheat.engine.model.loader import load_model
+from preheat.engine.model.quantize import quantize_weights
 from preheat.engine.request_builder import RequestBuilder, default_stop_ids
 from preheat.engine.request_errors import QueueFull, RequestRejected
 from preheat.engine.runner import BatchEntry, EntryFailed, ModelRunner
@@ -119,18 +120,27 @@ class Engine:
         self.hf_dir = loaded.hf_dir  # lets benchmarks and tests load the same weights in transformers
         spec = loaded.spec
         moe_backend = select_moe_backend(self.device) if spec.moe is not None else "torch"
+        # Before the model is built: the backend decides the weights' form (packed for the
+        # CPU kernels, plain tensors elsewhere).
+        self.attention_backend = attention.set_backend(self.device)
+        self.quantization = config.quantization
+        weights = loaded.weights
+        if config.quantization:
+            weights = quantize_weights(weights, spec, loaded.source, config.quantization)
         self.model = build_model(
-            spec, loaded.hf_config, loaded.weights, self.device, self.dtype, moe_backend,
+            spec, loaded.hf_config, weights, self.device, self.dtype, moe_backend,
             **({"sharder": self.tp.sharder(spec), "reduce": all_reduce} if self.tp else {}),
         )  # fmt: skip
-        del loaded  # the model holds what it needs; drop the checkpoint's own tensors
-        self.attention_backend = attention.set_backend(self.device)
+        del loaded, weights  # the model holds what it needs; drop the checkpoint's own tensors
         self.load_seconds = time.monotonic() - started
         log.info(
-            "model: %s (%s, %d layers, %d heads / %d KV heads, head_dim %d) on %s in %s%s, loaded in %.1fs",
+            "model: %s (%s, %d layers, %d heads / %d KV heads, head_dim %d) on %s in %s%s%s, kernels %s, "
+            "loaded in %.1fs",
             self.served_model_name, spec.architecture, spec.num_layers, spec.num_heads,
             spec.num_kv_heads, spec.head_dim, self.device, str(self.dtype).removeprefix("torch."),
-            f", tensor parallel over {self.tp.size} ranks" if self.tp else "", self.load_seconds,
+            f" with {self.quantization} weights" if self.quantization else "",
+            f", tensor parallel over {self.tp.size} ranks" if self.tp else "", self.attention_backend,
+            self.load_seconds,
         )
 
         self.max_model_len = min(config.max_model_len or spec.max_position_embeddings, spec.max_position_embeddings)
@@ -177,6 +187,9 @@ class Engine:
                 chat_template=getattr(self.tokenizer, "chat_template", None),
             ),
             model_id=self.weights_id,
+            # Quantized weights give other KV; the field is absent otherwise, so snapshots
+            # of unquantized engines keep their fingerprint.
+            **({"quantization": self.quantization} if self.quantization else {}),
         )
         radix = RadixCache(self.pool) if config.enable_prefix_caching else None
         tiers = KVTiers.from_config(config) if radix is not None else None

@@ -112,7 +112,8 @@ class ModelRunner:
             disable=disable,
             # The reference decode reads int(seq_lens.max()): a host sync a graph cannot hold.
             eager_because=(
-                "attention backend is torch" if attention_backend != "triton" else self.model.graphs_off_reason
+                f"attention backend is {attention_backend}" if attention_backend != "triton"
+                else self.model.graphs_off_reason
             ),
             on_capture=on_capture,
         )

@@ -27,7 +27,10 @@ from dataclasses import dataclass
 
 import torch
 
+from preheat.engine.kernels.int8 import BLOCK, QuantizedWeight, cat_rows
 from preheat.engine.model.spec import ModelSpec
+
+Weight = torch.Tensor | QuantizedWeight  # a matrix in --dtype, or int8 (--quantization int8)
 
 
 class TensorParallelError(ValueError):
@@ -93,8 +96,13 @@ def kv_head_sources(num_kv_heads: int, size: int) -> list[tuple[int, int]]:
     return [sources[h] for h in range(num_kv_heads)]
 
 
-def _part(t: torch.Tensor, dim: int, start: int, count: int) -> torch.Tensor:
+def _part(t: Weight, dim: int, start: int, count: int) -> Weight:
     return t.narrow(dim, start, count)
+
+
+def _cat(parts: list[Weight]) -> Weight:
+    """Rows stacked: int8 weights' blocks run along the input, so their rows stack freely."""
+    return cat_rows(parts) if isinstance(parts[0], QuantizedWeight) else torch.cat(parts)
 
 
 class Sharder:
@@ -110,18 +118,18 @@ class Sharder:
         self.size, self.rank, self.head_dim = size, rank, spec.head_dim
         self.heads = head_split(spec.num_heads, spec.num_kv_heads, size, rank)
 
-    def qkv(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def qkv(self, q: Weight, k: Weight, v: Weight) -> Weight:
         """The fused q/k/v rows (weights or biases) of this rank's heads."""
         if self.size == 1:
-            return torch.cat([q, k, v])
+            return _cat([q, k, v])
         hd, s = self.head_dim, self.heads
-        return torch.cat([
+        return _cat([
             _part(q, 0, s.q_start * hd, s.q_count * hd),
             _part(k, 0, s.kv_start * hd, s.kv_count * hd),
             _part(v, 0, s.kv_start * hd, s.kv_count * hd),
         ])  # fmt: skip
 
-    def o(self, w: torch.Tensor) -> torch.Tensor:
+    def o(self, w: Weight) -> Weight:
         """o_proj's input columns of this rank's query heads."""
         if self.size == 1:
             return w
@@ -131,14 +139,14 @@ class Sharder:
         n = full // self.size
         return self.rank * n, n
 
-    def gate_up(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    def gate_up(self, gate: Weight, up: Weight) -> Weight:
         """Fused gate/up rows (weights or biases) of this rank's slice of the MLP width."""
         if self.size == 1:
-            return torch.cat([gate, up])
+            return _cat([gate, up])
         start, n = self._width(gate.shape[0])
-        return torch.cat([_part(gate, 0, start, n), _part(up, 0, start, n)])
+        return _cat([_part(gate, 0, start, n), _part(up, 0, start, n)])
 
-    def down(self, w: torch.Tensor) -> torch.Tensor:
+    def down(self, w: Weight) -> Weight:
         """down_proj's input columns of this rank's slice of the MLP width."""
         if self.size == 1:
             return w

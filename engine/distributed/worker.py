@@ -83,10 +83,12 @@ def run(args: dict[str, Any]) -> None:
     dtype = torch_dtype(model_args["dtype"])
     hf_config, spec, tensors = _load(model_args, dtype)
     moe_backend = select_moe_backend(device) if spec.moe is not None else "torch"
+    # Before the build, as on rank 0: the backend decides the weights' form (packed for the
+    # CPU kernels) and whether rows are padded, which every rank's all-reduces must agree on.
+    attention.set_backend(device)
     model = build_model(spec, hf_config, tensors, device, dtype, moe_backend, sharder=Sharder(spec, size, rank),
                         reduce=all_reduce)  # fmt: skip
     del tensors
-    attention.set_backend(device)
     store.set(f"{STORE_PREFIX}loaded/{rank}", "1")
     comm = Comm.init(store, rank, size, device, float(args["timeout_s"]))
     sizing = json.loads(store.get(STORE_PREFIX + "pool"))

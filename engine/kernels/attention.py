@@ -1,8 +1,10 @@
 """The one dispatch point for attention over the paged KV pool.
 
 The model calls only these functions (and the prepare_* hooks, once per forward pass).
-Which implementation runs (the PyTorch reference on CPU, Triton kernels on CUDA) is chosen
-once per process by `set_backend`, which the runner calls with the device it runs on.
+Which implementation runs (our C++ kernels on a CPU with AVX-512 VNNI/BF16, the PyTorch
+reference on other CPUs, Triton kernels on CUDA) is chosen once per process by
+`set_backend`, which the engine calls with the device it runs on, before it loads the
+weights (the linear layers' form depends on it).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from collections.abc import Callable
 
 import torch
 
-from preheat.engine.kernels import batched_extend, reference
+from preheat.engine.kernels import batched_extend, cpu_attention, reference
 
 log = logging.getLogger(__name__)
 
@@ -27,15 +29,30 @@ backend_name = "torch"
 def set_backend(device: torch.device, prefer_triton: bool = True) -> str:
     """Chooses the implementation for this process; returns its name."""
     global backend_name
+    from preheat.engine.kernels import fused, linear
+
     _impl.update(
         write_kv=reference.write_kv,
         decode_attention=reference.decode_attention,
         extend_attention=reference.extend_attention,
     )
     backend_name = "torch"
+    linear.use_kernels(None)
+    fused.use_kernels(None)
+    cpu_attention.use_kernels(None)
     from preheat.engine.kernels.backend import select_attention_backend
 
-    if prefer_triton and select_attention_backend(device) == "triton":
+    chosen = select_attention_backend(device) if prefer_triton else "torch"
+    if chosen == "cpu":
+        from preheat.engine.kernels import cpu_ext
+
+        module = cpu_ext.load()
+        cpu_attention.use_kernels(module)
+        linear.use_kernels(module)
+        fused.use_kernels(module)
+        _impl.update(decode_attention=cpu_attention.decode_attention, extend_attention=cpu_attention.extend_attention)
+        backend_name = "cpu"
+    if chosen == "triton":
         try:
             from preheat.engine.kernels import triton_attention, triton_kv
 
@@ -62,8 +79,13 @@ def prepare_decode(page_table, seq_lens, page_size: int):
 
 
 def prepare_extend(page_table, prefix_lens: list[int], extend_lens: list[int], page_size: int):
-    """Per-batch work shared by every layer's extend attention: a plan for the batched
-    torch path, or None when padding would waste too much (the per-sequence one runs)."""
+    """Per-batch work shared by every layer's extend attention: on the CPU backend, decode
+    rows for a short extend (cpu_attention.py); a plan for the batched torch path; or None
+    when padding would waste too much (the per-sequence one runs)."""
+    if backend_name == "cpu":
+        short = cpu_attention.plan_short_extend(page_table, prefix_lens, extend_lens)
+        if short is not None:
+            return short
     groups = batched_extend.groups_worth_batching(prefix_lens, extend_lens)
     if groups is None:
         return None
@@ -77,6 +99,8 @@ def decode_attention(q, k_cache, v_cache, page_table, seq_lens, scale, prepared=
 
 
 def extend_attention(q, k_cache, v_cache, page_table, prefix_lens, extend_lens, scale, prepared=None) -> torch.Tensor:
+    if isinstance(prepared, cpu_attention.ShortExtend):
+        return cpu_attention.short_extend(q, k_cache, v_cache, prepared, scale)
     if prepared is not None:
         return batched_extend.extend_attention(q, k_cache, v_cache, prepared, scale)
     return _impl["extend_attention"](q, k_cache, v_cache, page_table, prefix_lens, extend_lens, scale)

@@ -17,6 +17,7 @@ import torch
 
 from preheat.engine.distributed.sharding import Sharder
 from preheat.engine.kernels.backend import choose_backend
+from preheat.engine.kernels.int8 import QuantizedWeight
 from preheat.engine.model.decoder import DecoderLayer, DecoderModel, Reduce
 from preheat.engine.model.layers import Attention, DenseMLP
 from preheat.engine.model.moe import ExpertsFn, SparseMoE, grouped_experts_torch
@@ -62,6 +63,7 @@ def build_model(
             q_norm=get(a + "q_norm.weight") if spec.qk_norm else None,
             k_norm=get(a + "k_norm.weight") if spec.qk_norm else None,
             norm_eps=spec.rms_norm_eps,
+            dtype=dtype,
         )  # fmt: skip
         if spec.is_sparse(i):
             mlp: DenseMLP | SparseMoE = _sparse_moe(spec, hf, p, device, experts_fn, shard)
@@ -72,13 +74,17 @@ def build_model(
                 shard.down(hf[m + "down_proj.weight"]).to(device),
                 shard.gate_up(hf[m + "gate_proj.bias"], hf[m + "up_proj.bias"]).to(device) if spec.mlp_bias else None,
                 shard.reduced_bias(get(m + "down_proj.bias")) if spec.mlp_bias else None,
+                dtype=dtype,
             )
         layers.append(
             DecoderLayer(get(p + "input_layernorm.weight"), attn, get(p + "post_attention_layernorm.weight"), mlp,
                          spec.rms_norm_eps, reduce)
         )  # fmt: skip
     embed = get("model.embed_tokens.weight")
-    lm_head = embed if spec.tie_word_embeddings else get("lm_head.weight")
+    # A quantized LM head arrives as "lm_head.weight" even when tied (engine/model/quantize.py):
+    # the embedding lookup keeps the unquantized tensor.
+    head = hf.get("lm_head.weight")
+    lm_head = embed if spec.tie_word_embeddings and not isinstance(head, QuantizedWeight) else get("lm_head.weight")
     inv_freq, scaling = rope_inv_freq(hf_config, spec.head_dim)
     rope = RotaryEmbedding(inv_freq.to(device), scaling, dtype)
     return DecoderModel(spec, embed, layers, get("model.norm.weight"), lm_head, rope, graphs_off)

@@ -16,7 +16,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from preheat.engine.kernels import attention
+from preheat.engine.kernels import attention, fused, linear
+from preheat.engine.kernels.int8 import QuantizedWeight
 from preheat.engine.model.layers import Attention, AttentionMetadata, DenseMLP, StepContext, rms_norm
 from preheat.engine.model.moe import SparseMoE
 from preheat.engine.model.rope import RotaryEmbedding
@@ -56,10 +57,13 @@ class DecoderLayer:
         return [self.input_norm, self.post_norm, *self.attn.weights(), *self.mlp.weights()]
 
     def forward(self, h: torch.Tensor, ctx: StepContext, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
-        a = self.attn.forward(rms_norm(h, self.input_norm, self.eps), ctx, k_cache, v_cache)
-        h = h + (a if self.reduce is None else self.reduce(a))
-        m = self.mlp.forward(rms_norm(h, self.post_norm, self.eps))
-        return h + (m if self.reduce is None else self.reduce(m))
+        if self.reduce is None:
+            # The residual adds happen inside the output projections (one pass fewer each).
+            h = self.attn.forward(rms_norm(h, self.input_norm, self.eps), ctx, k_cache, v_cache, residual=h)
+            return self.mlp.forward(rms_norm(h, self.post_norm, self.eps), residual=h)
+        # Tensor parallel: each rank's output is a partial sum, all-reduced before the residual.
+        h = h + self.reduce(self.attn.forward(rms_norm(h, self.input_norm, self.eps), ctx, k_cache, v_cache))
+        return h + self.reduce(self.mlp.forward(rms_norm(h, self.post_norm, self.eps)))
 
 
 class DecoderModel:
@@ -71,12 +75,13 @@ class DecoderModel:
         embed: torch.Tensor,
         layers: list[DecoderLayer],
         norm: torch.Tensor,
-        lm_head: torch.Tensor,
+        lm_head: torch.Tensor | QuantizedWeight,
         rope: RotaryEmbedding,
         graphs_off_reason: str | None = None,
     ) -> None:
         self.spec = spec
-        self.embed, self.layers, self.norm, self.lm_head, self.rope = embed, layers, norm, lm_head, rope
+        self.embed, self.layers, self.norm, self.rope = embed, layers, norm, rope
+        self.lm_head = linear.prepare(lm_head, None, embed.dtype)
         # Why decode cannot be captured in a CUDA graph (the runner adds it to its own
         # reasons), e.g. experts on the torch path, which syncs with the host.
         self.graphs_off_reason = graphs_off_reason
@@ -85,11 +90,12 @@ class DecoderModel:
         # this is an upper bound: a step reads only the experts its tokens chose.
         seen: set[int] = set()
         self.step_weight_bytes = 0
-        for t in [norm, lm_head, *(w for layer in layers for w in layer.weights())]:
+        for t in [norm, *self.lm_head.tensors(), *(w for layer in layers for w in layer.weights())]:
             if id(t) not in seen:
                 seen.add(id(t))
                 self.step_weight_bytes += t.numel() * t.element_size()
-        self.pad_rows = embed.device.type == "cpu"  # cuBLAS has no per-shape build cost
+        # oneDNN builds a kernel per matrix shape (cuBLAS and our CPU kernels need none).
+        self.pad_rows = embed.device.type == "cpu" and not linear.kernels_active()
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, meta: AttentionMetadata, kv_pool) -> torch.Tensor:
@@ -101,13 +107,11 @@ class DecoderModel:
             input_ids = F.pad(input_ids, (0, pad))
             positions = F.pad(positions, (0, pad))
         h = F.embedding(input_ids, self.embed)
-        cos, sin = self.rope(positions)
         ctx = StepContext(
             meta=meta,
             rows=rows,
             padded_rows=rows + pad,
-            cos=cos,
-            sin=sin,
+            rope=fused.RopeInputs(self.rope, positions, self.spec.head_dim),
             prepared_decode=(
                 attention.prepare_decode(meta.decode_page_table, meta.decode_seq_lens, kv_pool.page_size)
                 if meta.num_decode
@@ -130,4 +134,4 @@ class DecoderModel:
         pad = padded_rows(rows) - rows if self.pad_rows else 0
         if pad:
             hidden = F.pad(hidden, (0, 0, 0, pad))
-        return F.linear(hidden, self.lm_head)[:rows].to(torch.float32)
+        return linear.apply(hidden, self.lm_head)[:rows].to(torch.float32)

@@ -14,15 +14,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from preheat.engine.kernels import attention
-from preheat.engine.model.rope import apply_rope
+from preheat.engine.kernels import attention, fused, linear
+from preheat.engine.kernels.fused import RopeInputs, rms_norm
+from preheat.engine.kernels.int8 import QuantizedWeight
 
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """transformers' RMSNorm: normalise in float32, cast back, then scale. torch's fused
-    rms_norm gives bit-identical results with half the kernel launches. `weight` broadcasts
-    over the last dimensions of x (a [heads, head_dim] weight scales each head by its own)."""
-    return weight * F.rms_norm(x.to(torch.float32), x.shape[-1:], eps=eps).to(x.dtype)
+__all__ = ["Attention", "AttentionMetadata", "DenseMLP", "StepContext", "rms_norm"]
 
 
 @dataclass
@@ -47,20 +43,21 @@ class StepContext:
     meta: AttentionMetadata
     rows: int  # real rows; the matmuls may run on more (padding), attention never does
     padded_rows: int
-    cos: torch.Tensor
-    sin: torch.Tensor
+    rope: RopeInputs  # the rows' rotary inputs (cos/sin, or the CPU kernel's table)
     prepared_decode: Any
     prepared_extend: Any
 
 
 class Attention:
     """Grouped-query attention with RoPE: fused q/k/v projection, optional per-head q/k
-    RMSNorm (Qwen3), the paged KV write and attention, the output projection."""
+    RMSNorm (Qwen3), the paged KV write and attention, the output projection. The
+    projections may be int8 (engine/kernels/int8.py); engine/kernels/linear.py keeps them in
+    the form the backend multiplies by."""
 
     def __init__(
         self,
-        qkv: torch.Tensor,  # [(num_heads + 2 * num_kv_heads) * head_dim, hidden]
-        o: torch.Tensor,  # [hidden, num_heads * head_dim]
+        qkv: torch.Tensor | QuantizedWeight,  # [(num_heads + 2 * num_kv_heads) * head_dim, hidden]
+        o: torch.Tensor | QuantizedWeight,  # [hidden, num_heads * head_dim]
         num_heads: int,
         num_kv_heads: int,
         head_dim: int,
@@ -69,10 +66,13 @@ class Attention:
         q_norm: torch.Tensor | None = None,  # [head_dim]
         k_norm: torch.Tensor | None = None,  # [head_dim]
         norm_eps: float = 1e-6,
+        dtype: torch.dtype | None = None,  # the activations' (default: the weights')
     ) -> None:
         if qkv.shape[0] != (num_heads + 2 * num_kv_heads) * head_dim:
             raise ValueError(f"qkv has {qkv.shape[0]} rows, expected ({num_heads} + 2*{num_kv_heads}) * {head_dim}")
-        self.qkv, self.qkv_bias, self.o, self.o_bias = qkv, qkv_bias, o, o_bias
+        dtype = dtype or (qkv.dtype if isinstance(qkv, torch.Tensor) else torch.bfloat16)
+        self.qkv = linear.prepare(qkv, qkv_bias, dtype)
+        self.o = linear.prepare(o, o_bias, dtype)
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scale = head_dim**-0.5
         self.norm_eps = norm_eps
@@ -85,24 +85,22 @@ class Attention:
         )
 
     def weights(self) -> list[torch.Tensor]:
-        return [t for t in (self.qkv, self.qkv_bias, self.o, self.o_bias, self.qk_norm) if t is not None]
+        return [*self.qkv.tensors(), *self.o.tensors(), *([self.qk_norm] if self.qk_norm is not None else [])]
 
     def forward(
-        self, x: torch.Tensor, ctx: StepContext, k_cache: torch.Tensor, v_cache: torch.Tensor
+        self, x: torch.Tensor, ctx: StepContext, k_cache: torch.Tensor, v_cache: torch.Tensor,
+        residual: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """x: [padded_rows, hidden] (normed) -> [padded_rows, hidden], before the residual."""
+        """x: [padded_rows, hidden] (normed) -> [padded_rows, hidden]: the attention output,
+        plus `residual` when given (added in the output projection's epilogue)."""
         heads_q, heads_kv, hd = self.num_heads, self.num_kv_heads, self.head_dim
         q_size, kv_size = heads_q * hd, heads_kv * hd
         rows, meta = ctx.rows, ctx.meta
-        qkv = F.linear(x, self.qkv, self.qkv_bias)
-        qk = qkv[:, : q_size + kv_size].view(-1, heads_q + heads_kv, hd)
+        qkv = linear.apply(x, self.qkv)
+        qk = None
         if self.qk_norm is not None:
-            qk = rms_norm(qk, self.qk_norm, self.norm_eps)
-        # q and k rotated in one pass (half the ops per layer).
-        qk = apply_rope(qk, ctx.cos, ctx.sin)
-        q, k = qk[:rows].split([heads_q, heads_kv], dim=1)
-        v = qkv[:rows, q_size + kv_size :].view(-1, heads_kv, hd)
-        attention.write_kv(k_cache, v_cache, k, v, meta.slots)
+            qk = rms_norm(qkv[:, : q_size + kv_size].view(-1, heads_q + heads_kv, hd), self.qk_norm, self.norm_eps)
+        q = fused.rope_write_kv(qkv, rows, ctx.rope, k_cache, v_cache, meta.slots, heads_q, heads_kv, hd, qk)
         nd = meta.num_decode
         if nd == rows:
             o = attention.decode_attention(
@@ -129,7 +127,7 @@ class Attention:
         o = o.reshape(rows, q_size)
         if ctx.padded_rows > rows:
             o = F.pad(o, (0, 0, 0, ctx.padded_rows - rows))
-        return F.linear(o, self.o, self.o_bias)
+        return linear.apply(o, self.o, residual)
 
 
 class DenseMLP:
@@ -137,17 +135,20 @@ class DenseMLP:
 
     def __init__(
         self,
-        gate_up: torch.Tensor,  # [2 * intermediate, hidden], gate rows first
-        down: torch.Tensor,  # [hidden, intermediate]
+        gate_up: torch.Tensor | QuantizedWeight,  # [2 * intermediate, hidden], gate rows first
+        down: torch.Tensor | QuantizedWeight,  # [hidden, intermediate]
         gate_up_bias: torch.Tensor | None = None,
         down_bias: torch.Tensor | None = None,
+        dtype: torch.dtype | None = None,  # the activations' (default: the weights')
     ) -> None:
-        self.gate_up, self.down, self.gate_up_bias, self.down_bias = gate_up, down, gate_up_bias, down_bias
+        dtype = dtype or (down.dtype if isinstance(down, torch.Tensor) else torch.bfloat16)
+        self.gate_up = linear.prepare(gate_up, gate_up_bias, dtype)
+        self.down = linear.prepare(down, down_bias, dtype)
         self.intermediate_size = down.shape[1]
 
     def weights(self) -> list[torch.Tensor]:
-        return [t for t in (self.gate_up, self.down, self.gate_up_bias, self.down_bias) if t is not None]
+        return [*self.gate_up.tensors(), *self.down.tensors()]
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = F.linear(x, self.gate_up, self.gate_up_bias).chunk(2, dim=-1)
-        return F.linear(F.silu(gate) * up, self.down, self.down_bias)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """down(silu(gate) * up) (+ residual, added in the down projection's epilogue)."""
+        return linear.apply(fused.silu_mul(linear.apply(x, self.gate_up)), self.down, residual)

@@ -82,6 +82,7 @@ class SparseMoE:
     def weights(self) -> list[torch.Tensor]:
         return [self.router, self.w13, self.w2]
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         weights, ids = select_experts(F.linear(x, self.router), self.top_k, self.renormalize)
-        return self.experts_fn(x, self.w13, self.w2, weights, ids)
+        out = self.experts_fn(x, self.w13, self.w2, weights, ids)
+        return out if residual is None else residual + out

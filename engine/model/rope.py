@@ -80,3 +80,13 @@ class RotaryEmbedding:
         sin = (freqs.sin() * self.scaling).to(self.dtype)
         signed_sin = torch.cat((-sin, sin), dim=-1)
         return cos[:, None, :], signed_sin[:, None, :]  # broadcast over heads
+
+    def table(self, positions_needed: int) -> torch.Tensor:
+        """cos | signed sin rows [n, 2 * head_dim] for positions 0..n-1: the values __call__
+        computes, kept (grown by doubling) for the CPU kernel to look up."""
+        table = getattr(self, "_table", None)
+        if table is None or table.shape[0] < positions_needed:
+            n = max(1024, 1 << max(0, positions_needed - 1).bit_length())
+            cos, sin = self(torch.arange(n, device=self.inv_freq.device))
+            table = self._table = torch.cat((cos[:, 0], sin[:, 0]), dim=-1).contiguous()
+        return table

@@ -1,0 +1,294 @@
+// Paged decode attention: one query token per row, keys and values read straight from the
+// pool's pages (no gather copy), softmax in float32. A task is a chunk of one row's context
+// with every head, walked 16 tokens (one page at the default page size) at a time:
+//  - scores: each query head against the 16 keys of its kv head (bf16 pairs multiplied
+//    exactly with vdpbf16ps), 16 dot products reduced together by a transpose-add tree;
+//  - values: each kv head's 16 value rows converted to float32 once and shared by the
+//    query heads of its group (grouped-query attention without expanding K/V).
+// Chunks of one row are merged with their log-sum-exp, so even one long sequence keeps
+// every thread busy.
+#include "avx512_common.h"
+
+namespace preheat {
+namespace {
+
+constexpr int64_t MAX_DV = 16;  // head_dim / 16
+
+// out[i] = sum of the 16 lanes of v[i], for 16 vectors at once.
+inline __m512 reduce16(const __m512* v) {
+  __m512 w[8], x[4];
+  for (int i = 0; i < 8; ++i)
+    w[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  for (int i = 0; i < 4; ++i) {
+    const __m512d a = _mm512_castps_pd(w[2 * i]), b = _mm512_castps_pd(w[2 * i + 1]);
+    x[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+  }
+  // x[i] holds, per 128-bit lane L, partial sums of v[4i..4i+3]; add the four lanes.
+  const __m512 z0 = _mm512_add_ps(_mm512_shuffle_f32x4(x[0], x[1], 0x88), _mm512_shuffle_f32x4(x[0], x[1], 0xDD));
+  const __m512 z1 = _mm512_add_ps(_mm512_shuffle_f32x4(x[2], x[3], 0x88), _mm512_shuffle_f32x4(x[2], x[3], 0xDD));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(z0, z1, 0x88), _mm512_shuffle_f32x4(z0, z1, 0xDD));
+}
+
+struct Scratch {
+  float* s;     // [H, chunk]: scores, then probabilities
+  float* o;     // [H, D]: output accumulators
+  float* vf;    // [16, D]: one kv head's value rows in float32
+};
+
+// Scores of one head against 16 key rows (rows[i] = row i's key for this kv head).
+template <int DVC, int DT>
+inline __m512 scores16(const char* qh, const char* const* rows, int64_t D) {
+  const int64_t DV = DVC > 0 ? DVC : D / 16;
+  __m512 acc[16];
+  if (DT == 1 && D % 32 == 0) {
+    __m512i qv[MAX_DV / 2];
+    for (int64_t w = 0; w < DV / 2; ++w) qv[w] = _mm512_loadu_si512(qh + w * 64);
+    for (int i = 0; i < 16; ++i) {
+      __m512 s = _mm512_setzero_ps();
+      for (int64_t w = 0; w < DV / 2; ++w)
+        s = _mm512_dpbf16_ps(s, (__m512bh)qv[w], (__m512bh)_mm512_loadu_si512(rows[i] + w * 64));
+      acc[i] = s;
+    }
+  } else {
+    __m512 qv[MAX_DV];
+    for (int64_t v = 0; v < DV; ++v) qv[v] = load16(qh + v * 16 * (DT == 0 ? 4 : 2), DT);
+    for (int i = 0; i < 16; ++i) {
+      __m512 s = _mm512_mul_ps(qv[0], load16(rows[i], DT));
+      for (int64_t v = 1; v < DV; ++v) s = _mm512_fmadd_ps(qv[v], load16(rows[i] + v * 16 * (DT == 0 ? 4 : 2), DT), s);
+      acc[i] = s;
+    }
+  }
+  return reduce16(acc);
+}
+
+// Row pointers of tokens [t, t + n) (n <= 16) in `cache`; rows past n repeat the first
+// (valid memory, weighted 0). One division per block: page and offset then advance.
+inline void token_rows(const DecodeAttnArgs& a, const void* cache, const int32_t* pages, int64_t t, int64_t n,
+                       int64_t esz, const char** rows) {
+  int64_t page = t / a.S, off = t % a.S;
+  for (int64_t i = 0; i < n; ++i) {
+    rows[i] = (const char*)cache + ((int64_t)pages[page] * a.kv_stride_page + off * a.kv_stride_tok) * esz;
+    if (++off == a.S) {
+      off = 0;
+      ++page;
+    }
+  }
+  for (int64_t i = n; i < 16; ++i) rows[i] = rows[0];
+}
+
+// o[h] += sum_t p[h][t] v[t] in float32 (values converted once per kv head and block).
+template <int DVC, int DT>
+void weigh_values(const DecodeAttnArgs& a, const int32_t* pages, int64_t t0, int64_t t1, const Scratch& sc) {
+  const int64_t DV = DVC > 0 ? DVC : a.D / 16;
+  const int64_t G = a.H / a.KVH, D = a.D, esz = DT == 0 ? 4 : 2;
+  const char* vrow[16];
+  for (int64_t blk = t0; blk < t1; blk += 16) {
+    const int64_t n = imin(16, t1 - blk);
+    token_rows(a, a.v_cache, pages, blk, n, esz, vrow);
+    for (int64_t kvh = 0; kvh < a.KVH; ++kvh) {
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t v = 0; v < DV; ++v)
+          _mm512_storeu_ps(sc.vf + i * D + v * 16, load16(vrow[i] + (kvh * a.kv_stride_head + v * 16) * esz, DT));
+      for (int64_t g = 0; g < G; ++g) {
+        const int64_t h = kvh * G + g;
+        const float* p = sc.s + h * a.chunk + (blk - t0);
+        __m512 o[MAX_DV];
+        for (int64_t v = 0; v < DV; ++v) o[v] = _mm512_loadu_ps(sc.o + h * D + v * 16);
+        for (int64_t i = 0; i < n; ++i) {
+          const __m512 pv = _mm512_set1_ps(p[i]);
+          for (int64_t v = 0; v < DV; ++v) o[v] = _mm512_fmadd_ps(pv, _mm512_loadu_ps(sc.vf + i * D + v * 16), o[v]);
+        }
+        for (int64_t v = 0; v < DV; ++v) _mm512_storeu_ps(sc.o + h * D + v * 16, o[v]);
+      }
+    }
+  }
+}
+
+// The same for bfloat16 values, two tokens per vdpbf16ps: rows t and t+1 interleaved
+// ((v[t][d], v[t+1][d]) pairs) against the pair (p[t], p[t+1]) rounded to bfloat16, as
+// SDPA's bfloat16 path rounds its probabilities. unpack{lo,hi}_epi16 leave the outputs in
+// a lane order of their own (per 32 values: lo = d 0-3, 8-11, 16-19, 24-27; hi = the
+// rest); the accumulators keep that order and are put back when stored.
+template <int DVC>
+void weigh_values_bf16(const DecodeAttnArgs& a, const int32_t* pages, int64_t t0, int64_t t1, const Scratch& sc) {
+  const int64_t DV = DVC > 0 ? DVC : a.D / 16;
+  const int64_t G = a.H / a.KVH, D = a.D, W = D / 32, len = t1 - t0;
+  uint16_t* pb = (uint16_t*)sc.vf;                 // [H, chunk] probabilities in bf16
+  uint16_t* vi = pb + a.H * a.chunk;               // [8 pairs, D] interleaved value rows
+  for (int64_t h = 0; h < a.H; ++h)
+    for (int64_t i = 0; i < len; i += 16)
+      _mm256_storeu_si256((__m256i*)(pb + h * a.chunk + i),
+                          f32_to_bf16(_mm512_maskz_loadu_ps(tail_mask(len - i), sc.s + h * a.chunk + i)));
+  __m512 acc[MAX_DV];
+  const char* vrow[16];
+  for (int64_t blk = t0; blk < t1; blk += 16) {
+    const int64_t n = imin(16, t1 - blk), pairs = (n + 1) / 2;
+    token_rows(a, a.v_cache, pages, blk, n, 2, vrow);
+    for (int64_t kvh = 0; kvh < a.KVH; ++kvh) {
+      for (int64_t pr = 0; pr < pairs; ++pr) {
+        const char* r0 = vrow[2 * pr] + kvh * a.kv_stride_head * 2;
+        const char* r1 = vrow[2 * pr + 1] + kvh * a.kv_stride_head * 2;
+        for (int64_t w = 0; w < W; ++w) {
+          const __m512i x0 = _mm512_loadu_si512(r0 + w * 64), x1 = _mm512_loadu_si512(r1 + w * 64);
+          _mm512_storeu_si512(vi + pr * 2 * D + w * 64, _mm512_unpacklo_epi16(x0, x1));
+          _mm512_storeu_si512(vi + pr * 2 * D + w * 64 + 32, _mm512_unpackhi_epi16(x0, x1));
+        }
+      }
+      for (int64_t g = 0; g < G; ++g) {
+        const int64_t h = kvh * G + g;
+        const uint16_t* p = pb + h * a.chunk + (blk - t0);
+        for (int64_t v = 0; v < DV; ++v) acc[v] = _mm512_setzero_ps();
+        for (int64_t pr = 0; pr < pairs; ++pr) {
+          // An odd last token pairs with a copy of row 0 whose weight is the 0 past `len`.
+          const __m512i pp = _mm512_set1_epi32((int32_t)p[2 * pr] | ((int32_t)p[2 * pr + 1] << 16));
+          for (int64_t v = 0; v < DV; ++v)
+            acc[v] = _mm512_dpbf16_ps(acc[v], (__m512bh)_mm512_loadu_si512(vi + pr * 2 * D + v * 32), (__m512bh)pp);
+        }
+        // acc[2w] (lo) and acc[2w+1] (hi) hold d = 32w + {0-3, 8-11, 16-19, 24-27} and the rest.
+        float* o = sc.o + h * D;
+        for (int64_t w = 0; w < W; ++w) {
+          const __m512i lo_idx = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+          const __m512i hi_idx = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+          const __m512 first = _mm512_permutex2var_ps(acc[2 * w], lo_idx, acc[2 * w + 1]);
+          const __m512 second = _mm512_permutex2var_ps(acc[2 * w], hi_idx, acc[2 * w + 1]);
+          _mm512_storeu_ps(o + w * 32, _mm512_add_ps(_mm512_loadu_ps(o + w * 32), first));
+          _mm512_storeu_ps(o + w * 32 + 16, _mm512_add_ps(_mm512_loadu_ps(o + w * 32 + 16), second));
+        }
+      }
+    }
+  }
+}
+
+template <int DVC, int DT>
+void attend_chunk(const DecodeAttnArgs& a, int64_t b, int64_t t0, int64_t t1, bool direct, float* part,
+                  const Scratch& sc) {
+  const int64_t DV = DVC > 0 ? DVC : a.D / 16;
+  const int64_t H = a.H, G = a.H / a.KVH, D = a.D, len = t1 - t0, esz = DT == 0 ? 4 : 2;
+  const int32_t* pages = a.page_table + b * a.pt_stride;
+  const char* qb = (const char*)a.q + b * a.q_stride_b * esz;
+  const __m512 scale = _mm512_set1_ps(a.scale);
+  const char* krow[16];
+  // Scores, 16 tokens at a time.
+  for (int64_t blk = t0; blk < t1; blk += 16) {
+    const int64_t n = imin(16, t1 - blk);
+    token_rows(a, a.k_cache, pages, blk, n, esz, krow);
+    // The next block's keys to L1, this block's values (read after all scores) to L2.
+    const int64_t row_bytes = a.KVH * a.D * esz;
+    const char* ahead[16];
+    token_rows(a, a.v_cache, pages, blk, n, esz, ahead);
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t off = 0; off < row_bytes; off += 64) _mm_prefetch(ahead[i] + off, _MM_HINT_T1);
+    const int64_t next = imin(16, t1 - blk - 16);
+    if (next > 0) {
+      token_rows(a, a.k_cache, pages, blk + 16, next, esz, ahead);
+      for (int64_t i = 0; i < next; ++i)
+        for (int64_t off = 0; off < row_bytes; off += 64) _mm_prefetch(ahead[i] + off, _MM_HINT_T0);
+    }
+    for (int64_t kvh = 0; kvh < a.KVH; ++kvh) {
+      const char* rows[16];
+      for (int i = 0; i < 16; ++i) rows[i] = krow[i] + kvh * a.kv_stride_head * esz;
+      for (int64_t g = 0; g < G; ++g) {
+        const int64_t h = kvh * G + g;
+        const __m512 s = _mm512_mul_ps(scores16<DVC, DT>(qb + h * a.q_stride_h * esz, rows, D), scale);
+        _mm512_storeu_ps(sc.s + h * a.chunk + (blk - t0), s);
+      }
+    }
+  }
+  // Softmax numerators per head (tail positions zeroed).
+  float mx[256], sum[256];
+  for (int64_t h = 0; h < H; ++h) {
+    float* s = sc.s + h * a.chunk;
+    __m512 m = _mm512_set1_ps(-INFINITY);
+    for (int64_t i = 0; i < len; i += 16)
+      m = _mm512_max_ps(m, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), tail_mask(len - i), s + i));
+    mx[h] = _mm512_reduce_max_ps(m);
+    const __m512 mv = _mm512_set1_ps(mx[h]);
+    __m512 l = _mm512_setzero_ps();
+    for (int64_t i = 0; i < len; i += 16) {
+      const __m512 e = _mm512_maskz_mov_ps(tail_mask(len - i), exp16(_mm512_sub_ps(_mm512_loadu_ps(s + i), mv)));
+      _mm512_storeu_ps(s + i, e);
+      l = _mm512_add_ps(l, e);
+    }
+    sum[h] = _mm512_reduce_add_ps(l);
+  }
+  // Weighted values, 16 tokens at a time.
+  for (int64_t i = 0; i < H * D; i += 16) _mm512_storeu_ps(sc.o + i, _mm512_setzero_ps());
+  if (DT == 1 && D % 32 == 0)
+    weigh_values_bf16<DVC>(a, pages, t0, t1, sc);
+  else
+    weigh_values<DVC, DT>(a, pages, t0, t1, sc);
+  for (int64_t h = 0; h < H; ++h) {
+    if (direct) {
+      const __m512 inv = _mm512_set1_ps(1.0f / sum[h]);
+      for (int64_t v = 0; v < DV; ++v)
+        store16(elem(a.out, (b * H + h) * D + v * 16, DT), _mm512_mul_ps(_mm512_loadu_ps(sc.o + h * D + v * 16), inv), DT);
+    } else {
+      float* p = part + h * (D + 2);
+      p[0] = mx[h];
+      p[1] = sum[h];
+      memcpy(p + 2, sc.o + h * D, D * 4);
+    }
+  }
+}
+
+template <int DT>
+void attend_chunk_d(const DecodeAttnArgs& a, int64_t b, int64_t t0, int64_t t1, bool direct, float* part,
+                    const Scratch& sc) {
+  switch (a.D) {
+    case 64: attend_chunk<4, DT>(a, b, t0, t1, direct, part, sc); break;
+    case 128: attend_chunk<8, DT>(a, b, t0, t1, direct, part, sc); break;
+    default: attend_chunk<0, DT>(a, b, t0, t1, direct, part, sc); break;
+  }
+}
+
+}  // namespace
+
+int64_t decode_attention_scratch(const DecodeAttnArgs& a) {
+  // scores, output accumulators, then either float32 value rows [16, D] or the bfloat16
+  // probabilities [H, chunk] and interleaved value pairs [16, D] (half a float each).
+  return a.H * a.chunk + a.H * a.D + (16 * a.D > (a.H * a.chunk + 16 * a.D) / 2 ? 16 * a.D : (a.H * a.chunk + 16 * a.D) / 2 + 16);
+}
+
+void decode_attention_tasks(const DecodeAttnArgs& a, const int32_t* task_b, const int32_t* task_chunk,
+                            const int32_t* num_chunks, float* scratch, int64_t begin, int64_t end) {
+  const Scratch sc{scratch, scratch + a.H * a.chunk, scratch + a.H * a.chunk + a.H * a.D};
+  for (int64_t t = begin; t < end; ++t) {
+    const int64_t b = task_b[t], c = task_chunk[t];
+    const int64_t t0 = c * a.chunk, t1 = imin(a.seq_lens[b], t0 + a.chunk);
+    float* part = a.partial + t * a.H * (a.D + 2);
+    if (a.dtype == 0)
+      attend_chunk_d<0>(a, b, t0, t1, num_chunks[b] == 1, part, sc);
+    else
+      attend_chunk_d<1>(a, b, t0, t1, num_chunks[b] == 1, part, sc);
+  }
+}
+
+void decode_attention_combine(const DecodeAttnArgs& a, const int64_t* first_task, const int32_t* num_chunks,
+                              int64_t begin, int64_t end) {
+  const int64_t D = a.D, DV = D / 16;
+  for (int64_t r = begin; r < end; ++r) {
+    const int64_t b = r / a.H, h = r % a.H;
+    const int64_t n = num_chunks[b];
+    if (n <= 1) continue;
+    float m = -INFINITY;
+    for (int64_t c = 0; c < n; ++c) {
+      const float* p = a.partial + ((first_task[b] + c) * a.H + h) * (D + 2);
+      m = p[0] > m ? p[0] : m;
+    }
+    float l = 0.0f;
+    __m512 o[MAX_DV];
+    for (int64_t v = 0; v < DV; ++v) o[v] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < n; ++c) {
+      const float* p = a.partial + ((first_task[b] + c) * a.H + h) * (D + 2);
+      const float w = expf(p[0] - m);
+      l += w * p[1];
+      const __m512 wv = _mm512_set1_ps(w);
+      for (int64_t v = 0; v < DV; ++v) o[v] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(p + 2 + v * 16), o[v]);
+    }
+    const __m512 inv = _mm512_set1_ps(1.0f / l);
+    for (int64_t v = 0; v < DV; ++v)
+      store16(elem(a.out, (b * a.H + h) * D + v * 16, a.dtype), _mm512_mul_ps(o[v], inv), a.dtype);
+  }
+}
+
+}  // namespace preheat

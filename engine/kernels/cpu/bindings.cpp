@@ -1,0 +1,260 @@
+// Python entry points of the CPU kernels: argument checks, output allocation and the split
+// of the work across threads (at::parallel_for, torch's own OpenMP pool). Built for the
+// baseline x86-64; the AVX-512 kernels run only when supported() says the CPU has them
+// (engine/kernels/cpu_ext.py checks before it uses anything else here).
+#include <torch/extension.h>
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "kernels.h"
+
+namespace preheat {
+
+bool cpu_has_avx512_kernels() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+         __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bf16") &&
+         __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+}
+
+namespace {
+
+int dtype_code(const at::Tensor& t) {
+  if (t.scalar_type() == at::kFloat) return 0;
+  if (t.scalar_type() == at::kBFloat16) return 1;
+  TORCH_CHECK(false, "preheat cpu kernels: float32 or bfloat16 expected, got ", t.scalar_type());
+}
+
+void check_cpu(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.device().is_cpu(), "preheat cpu kernels: ", name, " must be on the CPU");
+}
+
+constexpr int64_t MAX_CHUNKS = 512;
+
+at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                            const at::Tensor& page_table, const at::Tensor& seq_lens, double scale) {
+  check_cpu(q, "q");
+  TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1, "q must be [B, H, D] with contiguous heads");
+  TORCH_CHECK(k_cache.dim() == 4 && k_cache.stride(3) == 1 && v_cache.strides() == k_cache.strides(),
+              "caches must be [pages, page_size, kv_heads, D] with equal strides");
+  TORCH_CHECK(k_cache.scalar_type() == q.scalar_type() && v_cache.scalar_type() == q.scalar_type(),
+              "q and the caches must share a dtype");
+  TORCH_CHECK(page_table.scalar_type() == at::kInt && seq_lens.scalar_type() == at::kInt,
+              "page_table and seq_lens must be int32");
+  const int64_t B = q.size(0), H = q.size(1), D = q.size(2), S = k_cache.size(1), KVH = k_cache.size(2);
+  TORCH_CHECK(k_cache.size(3) == D && D % 16 == 0 && D <= 256, "head_dim must be a multiple of 16, at most 256");
+  TORCH_CHECK(H % KVH == 0 && H <= 256, "query heads must be a multiple of the kv heads, at most 256");
+  auto pt = page_table.contiguous();
+  auto lens = seq_lens.contiguous();
+  TORCH_CHECK(pt.size(0) == B && lens.size(0) == B, "page_table and seq_lens need one row per query");
+  auto out = at::empty({B, H, D}, q.options());
+  if (B == 0) return out;
+  const int32_t* len = lens.data_ptr<int32_t>();
+  int64_t total = 0, longest = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    TORCH_CHECK(len[b] >= 1 && (len[b] + S - 1) / S <= pt.size(1), "seq_lens out of range of the page table");
+    total += len[b];
+    longest = std::max<int64_t>(longest, len[b]);
+  }
+  // Chunks small enough that every thread gets several tasks, large enough to amortise
+  // loading the queries and merging partials; at most MAX_CHUNKS per row.
+  const int64_t threads = at::get_num_threads();
+  int64_t chunk = (total + 4 * threads - 1) / (4 * threads);
+  chunk = std::clamp<int64_t>(chunk, 32, 256);
+  chunk = std::max<int64_t>(chunk, (longest + MAX_CHUNKS - 1) / MAX_CHUNKS);
+  chunk = (chunk + 15) / 16 * 16;  // whole blocks of 16 tokens
+  TORCH_CHECK(chunk <= 256, "context too long for the CPU decode kernel");
+  std::vector<int32_t> num_chunks(B), task_b, task_chunk;
+  std::vector<int64_t> first_task(B);
+  for (int64_t b = 0; b < B; ++b) {
+    num_chunks[b] = (int32_t)((len[b] + chunk - 1) / chunk);
+    first_task[b] = (int64_t)task_b.size();
+    for (int32_t c = 0; c < num_chunks[b]; ++c) {
+      task_b.push_back((int32_t)b);
+      task_chunk.push_back(c);
+    }
+  }
+  const int64_t tasks = (int64_t)task_b.size();
+  std::vector<float> partial(tasks > B ? tasks * H * (D + 2) : 0);
+  DecodeAttnArgs a{q.data_ptr(), q.stride(0), q.stride(1), k_cache.data_ptr(), v_cache.data_ptr(),
+                   k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), pt.data_ptr<int32_t>(), pt.stride(0),
+                   len, out.data_ptr(), partial.data(), B, H, KVH, D, S, chunk, (float)scale, dtype_code(q)};
+  const int64_t per_thread = decode_attention_scratch(a);
+  std::vector<float> scratch(per_thread * threads);
+  at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
+    float* mine = scratch.data() + per_thread * std::min<int64_t>(at::get_thread_num(), threads - 1);
+    decode_attention_tasks(a, task_b.data(), task_chunk.data(), num_chunks.data(), mine, begin, end);
+  });
+  if (tasks > B) {
+    at::parallel_for(0, B * H, 16, [&](int64_t begin, int64_t end) {
+      decode_attention_combine(a, first_task.data(), num_chunks.data(), begin, end);
+    });
+  }
+  return out;
+}
+
+at::Tensor make_output(const at::Tensor& x, int64_t N, const c10::optional<at::Tensor>& bias,
+                       const c10::optional<at::Tensor>& residual, GemmArgs& a) {
+  const int64_t M = x.size(0);
+  auto y = at::empty({M, N}, x.options());
+  a.bias = nullptr;
+  a.residual = nullptr;
+  a.ldr = 0;
+  if (bias) {
+    TORCH_CHECK(bias->is_contiguous() && bias->numel() == N && bias->scalar_type() == x.scalar_type(), "bad bias");
+    a.bias = bias->data_ptr();
+  }
+  if (residual) {
+    TORCH_CHECK(residual->dim() == 2 && residual->size(0) >= M && residual->size(1) == N &&
+                    residual->stride(1) == 1 && residual->scalar_type() == x.scalar_type(),
+                "bad residual");
+    a.residual = residual->data_ptr();
+    a.ldr = residual->stride(0);
+  }
+  a.y = y.data_ptr();
+  a.ldy = N;
+  a.M = M;
+  a.N = N;
+  a.out_dtype = dtype_code(x);
+  return y;
+}
+
+// Splits column blocks across threads in contiguous ranges (each thread streams its part
+// of the weights once).
+template <typename F>
+void over_column_blocks(int64_t N, F&& f) {
+  const int64_t blocks = (N + 15) / 16;
+  at::parallel_for(0, blocks, 4, [&](int64_t begin, int64_t end) { f(begin, end); });
+}
+
+at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& packed, int64_t N, const c10::optional<at::Tensor>& bias,
+                       const c10::optional<at::Tensor>& residual) {
+  check_cpu(x, "x");
+  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1 && x.scalar_type() == at::kBFloat16, "x must be [M, K] bfloat16");
+  TORCH_CHECK(packed.dim() == 4 && packed.size(2) == 16 && packed.size(3) == 2 && packed.is_contiguous() &&
+                  packed.size(0) == (N + 15) / 16 && packed.size(1) * 2 == x.size(1),
+              "packed weight does not match x");
+  GemmArgs a{};
+  a.x = x.data_ptr();
+  a.ldx = x.stride(0);
+  a.w = packed.data_ptr();
+  a.K = x.size(1);
+  auto y = make_output(x, N, bias, residual, a);
+  if (a.M == 0) return y;
+  over_column_blocks(N, [&](int64_t b, int64_t e) { gemm_bf16_blocks(a, b, e); });
+  return y;
+}
+
+at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& dm, int64_t N,
+                       const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& residual) {
+  check_cpu(x, "x");
+  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, "x must be [M, K] with contiguous rows");
+  const int64_t M = x.size(0), K = x.size(1), KB = K / 32;
+  TORCH_CHECK(K % 32 == 0, "K must be a multiple of 32");
+  TORCH_CHECK(codes.dim() == 4 && codes.is_contiguous() && codes.scalar_type() == at::kByte &&
+                  codes.size(0) == (N + 15) / 16 && codes.size(1) * 2 == K && codes.size(2) == 16 &&
+                  codes.size(3) == 2,
+              "int8 weight codes do not match x");
+  TORCH_CHECK(dm.is_contiguous() && dm.scalar_type() == at::kHalf && dm.numel() == codes.size(0) * KB * 32,
+              "int8 weight scales do not match");
+  const int dt = dtype_code(x);
+  auto xq = at::empty({M, K}, x.options().dtype(at::kShort));
+  auto xs = at::empty({M, KB}, x.options().dtype(at::kFloat));
+  auto xsum = at::empty({M, KB}, x.options().dtype(at::kFloat));
+  at::parallel_for(0, M, 64, [&](int64_t b, int64_t e) {
+    quantize_rows_int16(x.data_ptr(), x.stride(0), dt, K, xq.data_ptr<int16_t>(), xs.data_ptr<float>(),
+                        xsum.data_ptr<float>(), b, e);
+  });
+  GemmArgs a{};
+  a.x = xq.data_ptr();
+  a.ldx = K;
+  a.w = codes.data_ptr();
+  a.dm = (const uint16_t*)dm.data_ptr();
+  a.xs = xs.data_ptr<float>();
+  a.xsum = xsum.data_ptr<float>();
+  a.K = K;
+  auto y = make_output(x, N, bias, residual, a);
+  if (M == 0) return y;
+  over_column_blocks(N, [&](int64_t b, int64_t e) { gemm_int8_blocks(a, b, e); });
+  return y;
+}
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
+  check_cpu(x, "x");
+  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1 && w.is_contiguous() && w.numel() == x.size(1) &&
+                  w.scalar_type() == x.scalar_type(),
+              "rms_norm: x [M, n] and weight [n] of one dtype expected");
+  auto y = at::empty({x.size(0), x.size(1)}, x.options());
+  const int dt = dtype_code(x);
+  at::parallel_for(0, x.size(0), 64, [&](int64_t b, int64_t e) {
+    rms_norm_rows(x.data_ptr(), x.stride(0), w.data_ptr(), y.data_ptr(), x.size(1), x.size(1), (float)eps, dt, b, e);
+  });
+  return y;
+}
+
+at::Tensor silu_mul(const at::Tensor& gu) {
+  check_cpu(gu, "gate_up");
+  TORCH_CHECK(gu.dim() == 2 && gu.stride(1) == 1 && gu.size(1) % 2 == 0, "silu_mul: [M, 2 I] expected");
+  const int64_t inter = gu.size(1) / 2;
+  auto y = at::empty({gu.size(0), inter}, gu.options());
+  const int dt = dtype_code(gu);
+  at::parallel_for(0, gu.size(0), 16, [&](int64_t b, int64_t e) {
+    silu_mul_rows(gu.data_ptr(), gu.stride(0), y.data_ptr(), inter, inter, dt, b, e);
+  });
+  return y;
+}
+
+at::Tensor rope_kv(const at::Tensor& qkv, int64_t rows, int64_t H, int64_t KVH, const at::Tensor& cos_sin,
+                   const at::Tensor& positions, const at::Tensor& slots, const at::Tensor& k_cache,
+                   const at::Tensor& v_cache) {
+  check_cpu(qkv, "qkv");
+  const int64_t D = cos_sin.size(1) / 2;
+  TORCH_CHECK(qkv.dim() == 2 && qkv.stride(1) == 1 && qkv.size(1) == (H + 2 * KVH) * D && qkv.size(0) >= rows,
+              "rope_kv: qkv [T, (H + 2 KVH) D] expected");
+  TORCH_CHECK(D % 32 == 0, "rope_kv: head_dim must be a multiple of 32");
+  TORCH_CHECK(cos_sin.is_contiguous() && cos_sin.scalar_type() == qkv.scalar_type(), "rope_kv: bad cos_sin table");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.scalar_type() == qkv.scalar_type() &&
+                  v_cache.scalar_type() == qkv.scalar_type() && k_cache.size(-1) == D && k_cache.size(-2) == KVH,
+              "rope_kv: caches must be contiguous [.., KVH, D] of the activation dtype");
+  auto pos = positions.contiguous();
+  auto sl = slots.contiguous();
+  TORCH_CHECK(pos.scalar_type() == at::kLong && sl.scalar_type() == at::kLong && pos.numel() >= rows &&
+                  sl.numel() >= rows,
+              "rope_kv: int64 positions and slots for every row expected");
+  const int64_t* p = pos.data_ptr<int64_t>();
+  const int64_t* s = sl.data_ptr<int64_t>();
+  const int64_t num_slots = k_cache.numel() / (KVH * D);
+  for (int64_t i = 0; i < rows; ++i) {
+    TORCH_CHECK(p[i] >= 0 && p[i] < cos_sin.size(0), "rope_kv: position beyond the cos/sin table");
+    TORCH_CHECK(s[i] >= 0 && s[i] < num_slots, "rope_kv: slot out of range");
+  }
+  auto q = at::empty({rows, H, D}, qkv.options());
+  RopeKVArgs a{qkv.data_ptr(), qkv.stride(0), H, KVH, D, cos_sin.data_ptr(), p, s, q.data_ptr(),
+               k_cache.data_ptr(), v_cache.data_ptr(), dtype_code(qkv)};
+  at::parallel_for(0, rows, 16, [&](int64_t b, int64_t e) { rope_kv_rows(a, b, e); });
+  return q;
+}
+
+}  // namespace
+}  // namespace preheat
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  namespace py = pybind11;
+  using py::arg;
+  m.def("supported", &preheat::cpu_has_avx512_kernels, "whether this CPU runs the kernels");
+  auto nogil = py::call_guard<py::gil_scoped_release>();
+  m.def("decode_attention", &preheat::decode_attention, nogil, arg("q"), arg("k_cache"), arg("v_cache"),
+        arg("page_table"), arg("seq_lens"), arg("scale"));
+  m.def("linear_bf16", &preheat::linear_bf16, nogil, arg("x"), arg("packed"), arg("n"), arg("bias") = py::none(),
+        arg("residual") = py::none());
+  m.def("linear_int8", &preheat::linear_int8, nogil, arg("x"), arg("codes"), arg("dm"), arg("n"),
+        arg("bias") = py::none(), arg("residual") = py::none());
+  m.def("rms_norm", &preheat::rms_norm, nogil, arg("x"), arg("weight"), arg("eps"));
+  m.def("silu_mul", &preheat::silu_mul, nogil, arg("gate_up"));
+  m.def("rope_kv", &preheat::rope_kv, nogil, arg("qkv"), arg("rows"), arg("num_heads"), arg("num_kv_heads"),
+        arg("cos_sin"), arg("positions"), arg("slots"), arg("k_cache"), arg("v_cache"));
+}

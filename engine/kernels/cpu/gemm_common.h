@@ -1,0 +1,41 @@
+// The epilogue and tile dispatch shared by the bf16 and int8 GEMMs (AVX-512 units only).
+#pragma once
+#include "avx512_common.h"
+
+namespace preheat {
+namespace {
+
+inline int32_t load_i32(const void* p) {
+  int32_t v;
+  memcpy(&v, p, 4);
+  return v;
+}
+
+// Stores accumulator rows [m0, m0 + MT) x column blocks [nb0, nb0 + NT) with bias and residual.
+template <int MT, int NT>
+inline void store_tile(const GemmArgs& a, __m512 (&acc)[MT][NT], int64_t m0, int64_t nb0) {
+  const int dt = a.out_dtype;
+  for (int j = 0; j < NT; ++j) {
+    const int64_t n0 = (nb0 + j) * 16;
+    if (n0 >= a.N) break;
+    const __mmask16 mask = tail_mask(a.N - n0);
+    const __m512 bias = a.bias ? load16_masked(elem(a.bias, n0, dt), dt, mask) : _mm512_setzero_ps();
+    for (int i = 0; i < MT; ++i) {
+      __m512 v = a.bias ? _mm512_add_ps(acc[i][j], bias) : acc[i][j];
+      if (a.residual) {
+        if (dt == 1) v = round_bf16(v);
+        v = _mm512_add_ps(v, load16_masked(elem(a.residual, (m0 + i) * a.ldr + n0, dt), dt, mask));
+      }
+      store16_masked(elem(a.y, (m0 + i) * a.ldy + n0, dt), v, dt, mask);
+    }
+  }
+}
+
+// Row tiles: as even as possible, at most `max_mt` rows each.
+inline int64_t row_tile(int64_t M, int64_t max_mt) {
+  const int64_t tiles = (M + max_mt - 1) / max_mt;
+  return (M + tiles - 1) / tiles;
+}
+
+}  // namespace
+}  // namespace preheat

@@ -1,0 +1,110 @@
+// int8-weight GEMM: u8 weight codes widened to 16 bits and multiplied with int16
+// activation codes by vpdpwssd (pairs of products summed into int32 lanes), integer sums
+// per block of 32 inputs, scaled into float32 per block:
+//   sum_k w x = sum_blocks d * xs * sum(q * qx) + m * xs * sum(qx)
+// (w = d q + m per weight block, x = xs qx per activation block). Activations are
+// quantized to int16 (scale absmax / 32767: a relative error near 1e-5, far below
+// bfloat16's own rounding), so only the weights are approximated. A decode step reads the
+// weights once from memory at a byte each, half of what bfloat16 weights cost.
+#include "gemm_common.h"
+
+namespace preheat {
+namespace {
+
+constexpr int64_t PREFETCH_PAIRS = 64;  // 2 KB ahead in each stream
+
+template <int MT, int NT>
+void tile_int8(const GemmArgs& a, int64_t m0, int64_t nb0) {
+  const int64_t K2 = a.K / 2, KB = a.K / 32;
+  const int16_t* x = (const int16_t*)a.x + m0 * a.ldx;
+  const uint8_t* w = (const uint8_t*)a.w + nb0 * K2 * 32;
+  const uint16_t* dm = a.dm + nb0 * KB * 32;
+  const float* xs = a.xs + m0 * KB;
+  const float* xsum = a.xsum + m0 * KB;
+  __m512 acc[MT][NT];
+  for (int i = 0; i < MT; ++i)
+    for (int j = 0; j < NT; ++j) acc[i][j] = _mm512_setzero_ps();
+  for (int64_t kb = 0; kb < KB; ++kb) {
+    __m512i ia[MT][NT];
+    for (int i = 0; i < MT; ++i)
+      for (int j = 0; j < NT; ++j) ia[i][j] = _mm512_setzero_si512();
+    // Each column block is its own stream of 32 bytes per step: ask for its lines early.
+    for (int j = 0; j < NT; ++j) {
+      const uint8_t* ahead = w + (j * K2 + kb * 16 + PREFETCH_PAIRS) * 32;
+      for (int line = 0; line < 8; ++line) _mm_prefetch((const char*)ahead + line * 64, _MM_HINT_T0);
+    }
+    for (int64_t kp = kb * 16; kp < kb * 16 + 16; ++kp) {
+      __m512i wv[NT];
+      for (int j = 0; j < NT; ++j)
+        wv[j] = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(w + (j * K2 + kp) * 32)));
+      for (int i = 0; i < MT; ++i) {
+        const __m512i xb = _mm512_set1_epi32(load_i32(x + i * a.ldx + kp * 2));
+        for (int j = 0; j < NT; ++j) ia[i][j] = _mm512_dpwssd_epi32(ia[i][j], wv[j], xb);
+      }
+    }
+    for (int j = 0; j < NT; ++j) {
+      const __m512i dmv = _mm512_loadu_si512(dm + (j * KB + kb) * 32);
+      const __m512 d = _mm512_cvtph_ps(_mm512_castsi512_si256(dmv));
+      const __m512 m = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(dmv, 1));
+      for (int i = 0; i < MT; ++i) {
+        const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(ia[i][j]), _mm512_set1_ps(xs[i * KB + kb]));
+        acc[i][j] = _mm512_fmadd_ps(d, f, acc[i][j]);
+        acc[i][j] = _mm512_fmadd_ps(m, _mm512_set1_ps(xsum[i * KB + kb]), acc[i][j]);
+      }
+    }
+  }
+  store_tile<MT, NT>(a, acc, m0, nb0);
+}
+
+template <int MT, int NTMAX>
+void tile_int8_nt(const GemmArgs& a, int64_t m0, int64_t nb0, int64_t nt) {
+  if constexpr (NTMAX >= 6) { if (nt >= 6) return tile_int8<MT, 6>(a, m0, nb0); }
+  if constexpr (NTMAX >= 5) { if (nt == 5) return tile_int8<MT, 5>(a, m0, nb0); }
+  if constexpr (NTMAX >= 4) { if (nt >= 4) return tile_int8<MT, 4>(a, m0, nb0); }
+  if (nt >= 3) return tile_int8<MT, 3>(a, m0, nb0);
+  if (nt == 2) return tile_int8<MT, 2>(a, m0, nb0);
+  return tile_int8<MT, 1>(a, m0, nb0);
+}
+
+constexpr int64_t MT_INT8 = 4;
+
+}  // namespace
+
+void gemm_int8_blocks(const GemmArgs& a, int64_t nb_begin, int64_t nb_end) {
+  const int64_t mt = row_tile(a.M, MT_INT8);
+  // Column tiles as wide as the registers allow for this row tile.
+  const int64_t ntmax = mt == 1 ? 4 : mt <= 3 ? 4 : 3;
+  for (int64_t nb = nb_begin; nb < nb_end; nb += ntmax) {
+    const int64_t nt = imin(ntmax, nb_end - nb);
+    for (int64_t m0 = 0; m0 < a.M; m0 += mt) {
+      switch (imin(mt, a.M - m0)) {
+        case 4: tile_int8_nt<4, 3>(a, m0, nb, nt); break;
+        case 3: tile_int8_nt<3, 4>(a, m0, nb, nt); break;
+        case 2: tile_int8_nt<2, 4>(a, m0, nb, nt); break;
+        default: tile_int8_nt<1, 6>(a, m0, nb, nt); break;
+      }
+    }
+  }
+}
+
+void quantize_rows_int16(const void* x, int64_t ldx, int dtype, int64_t K, int16_t* q, float* scales, float* sums,
+                         int64_t m_begin, int64_t m_end) {
+  const int64_t KB = K / 32;
+  for (int64_t m = m_begin; m < m_end; ++m) {
+    for (int64_t kb = 0; kb < KB; ++kb) {
+      const __m512 v0 = load16(elem(x, m * ldx + kb * 32, dtype), dtype);
+      const __m512 v1 = load16(elem(x, m * ldx + kb * 32 + 16, dtype), dtype);
+      const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+      const float d = amax / 32767.0f;
+      const __m512 id = _mm512_set1_ps(d > 0.0f ? 1.0f / d : 0.0f);
+      const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, id));
+      const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, id));
+      _mm256_storeu_si256((__m256i*)(q + m * K + kb * 32), _mm512_cvtsepi32_epi16(q0));
+      _mm256_storeu_si256((__m256i*)(q + m * K + kb * 32 + 16), _mm512_cvtsepi32_epi16(q1));
+      scales[m * KB + kb] = d;
+      sums[m * KB + kb] = d * (float)_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+    }
+  }
+}
+
+}  // namespace preheat

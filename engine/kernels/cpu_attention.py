@@ -1,0 +1,91 @@
+"""Attention on the CPU backend: the C++ paged decode kernel, and short extends through it.
+
+The kernel reads each sequence's keys and values from the pool's pages where they lie (the
+reference gathers every sequence's whole context into a new tensor in every layer, then
+runs a masked SDPA), shares each key/value load between the query heads of a group, and
+keeps the softmax in float32.
+
+A short extend (a few new tokens per sequence, e.g. a speculative-decoding verify step) is
+the decode problem once per new token: token j of a sequence with p cached tokens sees
+p + j + 1 keys. `plan_short_extend` turns it into decode rows (the page-table row repeated,
+one length per token), so it runs on the same kernel. Long extends (prompt chunks) stay on
+the SDPA paths (engine/kernels/batched_extend.py, reference.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import ModuleType
+
+import torch
+
+from preheat.engine.kernels import reference
+
+# New tokens per sequence up to which an extend runs as decode rows.
+SHORT_EXTEND = 16
+
+_kernels: ModuleType | None = None
+
+
+def use_kernels(module: ModuleType | None) -> None:
+    global _kernels
+    _kernels = module
+
+
+def _eligible(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    num_heads, hd = q.shape[1:]
+    kvh = k_cache.shape[2]
+    return (
+        _kernels is not None
+        and q.device.type == "cpu"
+        and q.dtype in (torch.float32, torch.bfloat16)
+        and k_cache.dtype == q.dtype
+        and hd % 16 == 0
+        and hd <= 256
+        and num_heads % kvh == 0
+        and num_heads // kvh <= 16
+    )
+
+
+def decode_attention(q, k_cache, v_cache, page_table, seq_lens, scale) -> torch.Tensor:
+    """q [B, H, hd] -> [B, H, hd]; see docs/engine-internals.md for the layouts."""
+    if not _eligible(q, k_cache):
+        return reference.decode_attention(q, k_cache, v_cache, page_table, seq_lens, scale)
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    return _kernels.decode_attention(q, k_cache, v_cache, page_table, seq_lens.to(torch.int32), scale)
+
+
+@dataclass
+class ShortExtend:
+    """An extend laid out as decode rows: one page-table row and one length per new token."""
+
+    page_table: torch.Tensor  # int32 [T, max_pages]
+    seq_lens: torch.Tensor  # int32 [T]
+
+
+def plan_short_extend(
+    page_table: torch.Tensor | None, prefix_lens: list[int], extend_lens: list[int]
+) -> ShortExtend | None:
+    """The decode-row form of an extend whose sequences each bring <= SHORT_EXTEND tokens,
+    or None (a long extend, or no kernels)."""
+    if _kernels is None or page_table is None or not extend_lens or max(extend_lens) > SHORT_EXTEND:
+        return None
+    counts = torch.tensor(extend_lens, dtype=torch.int64)
+    rows = torch.repeat_interleave(torch.arange(len(extend_lens)), counts)
+    lens = [p + j + 1 for p, e in zip(prefix_lens, extend_lens) for j in range(e)]
+    return ShortExtend(
+        page_table.index_select(0, rows.to(page_table.device)).to(torch.int32),
+        torch.tensor(lens, dtype=torch.int32, device=page_table.device),
+    )
+
+
+def short_extend(q, k_cache, v_cache, plan: ShortExtend, scale) -> torch.Tensor:
+    return decode_attention(q, k_cache, v_cache, plan.page_table, plan.seq_lens, scale)
+
+
+def extend_attention(q, k_cache, v_cache, page_table, prefix_lens, extend_lens, scale) -> torch.Tensor:
+    plan = plan_short_extend(page_table, [int(p) for p in prefix_lens], [int(e) for e in extend_lens])
+    if plan is not None and _eligible(q, k_cache):
+        return short_extend(q, k_cache, v_cache, plan, scale)
+    return reference.extend_attention(q, k_cache, v_cache, page_table, prefix_lens, extend_lens, scale)

@@ -1,0 +1,161 @@
+"""Builds (once) and loads Preheat's CPU kernels, a C++ extension in engine/kernels/cpu/.
+
+The kernels need AVX-512 with VNNI and BF16 (Intel Cooper Lake / Sapphire Rapids and later,
+AMD Zen 4 and later). They are compiled just in time with torch.utils.cpp_extension into a
+cache directory keyed by the sources, torch's version and the compiler flags, so a build
+happens once per machine image: `scripts/setup` builds them, the engine image builds them
+at `docker build`, and an engine that finds no build makes one at start, before `/ready`.
+
+Whatever goes wrong — no compiler, a failed build, a CPU without the instructions — the
+engine logs why and runs the PyTorch reference instead; it never stops serving over it.
+PREHEAT_ATTENTION_BACKEND=torch turns the kernels off (to compare, or to step around a bad
+kernel); PREHEAT_KERNEL_CACHE moves the build cache (default ~/.cache/preheat/kernels).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+import os
+import sys
+import threading
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+log = logging.getLogger(__name__)
+
+SOURCE_DIR = Path(__file__).parent / "cpu"
+SOURCES = ("bindings.cpp", "attention_avx512.cpp", "gemm_bf16_avx512.cpp", "gemm_int8_avx512.cpp",
+           "elementwise_avx512.cpp")
+# The AVX-512 code generation is switched on inside the kernel files (#pragma GCC target);
+# the flags here hold for every file, so the module itself loads on any x86-64 CPU.
+CFLAGS = ("-O3", "-fopenmp", "-std=c++17")
+LDFLAGS = ("-fopenmp",)
+# /proc/cpuinfo names of what the kernels execute.
+REQUIRED_CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "avx512_bf16", "fma", "f16c")
+ENV_CACHE = "PREHEAT_KERNEL_CACHE"
+
+_lock = threading.Lock()
+_loaded: dict[str, ModuleType | None] = {}
+unavailable_reason: str | None = None
+
+
+def missing_cpu_flags(flags: set[str]) -> list[str]:
+    """Pure: the required instruction-set flags a CPU lacks."""
+    return [f for f in REQUIRED_CPU_FLAGS if f not in flags]
+
+
+def read_cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> set[str]:
+    try:
+        with open(cpuinfo) as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def build_key(sources: dict[str, bytes], torch_version: str, flags: tuple[str, ...]) -> str:
+    """Pure: what a build depends on, hashed; names the build directory and the module."""
+    h = hashlib.sha256()
+    for name in sorted(sources):
+        h.update(name.encode() + b"\0" + sources[name] + b"\0")
+    h.update(torch_version.encode() + b"\0" + " ".join(flags).encode())
+    return h.hexdigest()[:16]
+
+
+def default_cache_dir() -> Path:
+    if os.environ.get(ENV_CACHE):
+        return Path(os.environ[ENV_CACHE])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
+    return Path(base) / "preheat" / "kernels"
+
+
+def _read_sources() -> dict[str, bytes]:
+    files = {name: (SOURCE_DIR / name).read_bytes() for name in SOURCES}
+    for header in sorted(SOURCE_DIR.glob("*.h")):
+        files[header.name] = header.read_bytes()
+    return files
+
+
+def _import(path: Path, name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sys.modules[name] = module
+    return module
+
+
+def build(cache_dir: Path | None = None, verbose: bool = False) -> ModuleType:
+    """Compiles (or finds the cached build) and imports the extension. Raises on failure.
+    Importing is safe on any x86-64 CPU; calling a kernel is not (see `load`).
+
+    A finished build is imported directly: its name carries the hash of everything it was
+    built from, so it cannot be stale, and a read-only cache (the engine image's) works."""
+    key = build_key(_read_sources(), torch.__version__, CFLAGS + LDFLAGS)
+    name = f"preheat_cpu_{key}"
+    if name in sys.modules:
+        return sys.modules[name]
+    directory = (cache_dir or default_cache_dir()) / name
+    built = directory / f"{name}.so"
+    if built.is_file():
+        return _import(built, name)
+    from torch.utils import cpp_extension
+
+    directory.mkdir(parents=True, exist_ok=True)
+    log.info("CPU kernels: building %s (once per machine image; about a minute)", name)
+    return cpp_extension.load(
+        name=name,
+        sources=[str(SOURCE_DIR / s) for s in SOURCES],
+        extra_cflags=list(CFLAGS),
+        extra_ldflags=list(LDFLAGS),
+        extra_include_paths=[str(SOURCE_DIR)],
+        build_directory=str(directory),
+        verbose=verbose,
+    )
+
+
+def load() -> ModuleType | None:
+    """The kernels module when this process can use it, else None (the reason is logged once
+    and kept in `unavailable_reason`). Thread-safe; builds at most once per process."""
+    global unavailable_reason
+    with _lock:
+        if "module" in _loaded:
+            return _loaded["module"]
+        module = None
+        if missing := missing_cpu_flags(read_cpu_flags()):
+            unavailable_reason = "the CPU lacks " + ", ".join(missing)
+        else:
+            try:
+                module = build()
+                if not module.supported():
+                    unavailable_reason, module = "the CPU lacks AVX-512 VNNI/BF16 (runtime check)", None
+            except Exception as exc:  # no compiler, a failed build: serve on the reference
+                lines = str(exc).strip().splitlines()
+                unavailable_reason = f"build failed: {lines[-1] if lines else repr(exc)}"
+        if module is None:
+            log.warning("CPU kernels unavailable (%s); using the PyTorch reference", unavailable_reason)
+        else:
+            unavailable_reason = None
+            log.info("CPU kernels: %s", module.__name__)
+        _loaded["module"] = module
+        return module
+
+
+def main() -> int:
+    """`python -m preheat.engine.kernels.cpu_ext`: builds into the cache (setup scripts and
+    the image build run this), whatever this machine's CPU is."""
+    logging.basicConfig(level=logging.INFO)
+    module = build(verbose="-v" in sys.argv)
+    print(f"built {module.__name__} in {default_cache_dir()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""The one dispatch point for the model's linear layers (activations x weight matrix).
+
+`prepare` turns a weight, dense or int8-quantized (engine/kernels/int8.py), into the form the
+chosen backend reads, once at load; `apply` multiplies. With the CPU kernels
+(engine/kernels/cpu_ext.py) a bfloat16 weight is packed for vdpbf16ps and an int8 weight for
+vpdpwssd, and one kernel call does the product, the bias and the residual add. Elsewhere
+(GPU, float32, a CPU without AVX-512 BF16/VNNI) it is F.linear, exactly as before: the GPU
+path does not change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import ModuleType
+
+import torch
+import torch.nn.functional as F
+
+from preheat.engine.kernels import int8
+
+_kernels: ModuleType | None = None
+
+
+def use_kernels(module: ModuleType | None) -> None:
+    """Called by attention.set_backend: the CPU kernels module, or None for PyTorch."""
+    global _kernels
+    _kernels = module
+
+
+def kernels_active() -> bool:
+    return _kernels is not None
+
+
+@dataclass
+class LinearWeight:
+    out_features: int
+    in_features: int
+    kind: str  # "dense" (F.linear), "bf16" (packed), "int8" (packed), "int8-reference"
+    weight: torch.Tensor | None = None  # dense [N, K]; int8-reference: dequantized float32
+    packed: torch.Tensor | None = None  # bf16 [N/16, K/2, 16, 2] or int8 codes [N/16, K/2, 16, 2]
+    scales: torch.Tensor | None = None  # int8: [N/16, K/32, 2, 16] float16
+    bias: torch.Tensor | None = None
+    kernels: ModuleType | None = None  # the module that packed it (packed kinds only)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.out_features, self.in_features
+
+    def tensors(self) -> list[torch.Tensor]:
+        """What one product reads (a decode step's weight bytes are their sizes)."""
+        return [t for t in (self.weight, self.packed, self.scales, self.bias) if t is not None]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors())
+
+
+def prepare(
+    weight: torch.Tensor | int8.QuantizedWeight, bias: torch.Tensor | None, dtype: torch.dtype
+) -> LinearWeight:
+    """The backend's form of one weight. `dtype` is the activations' (the model's) dtype."""
+    if isinstance(weight, int8.QuantizedWeight):
+        n, k = weight.shape
+        if _kernels is not None and weight.codes.device.type == "cpu" and dtype in (torch.float32, torch.bfloat16):
+            codes, scales = int8.pack(weight)
+            return LinearWeight(n, k, "int8", packed=codes, scales=scales, bias=bias, kernels=_kernels)
+        return LinearWeight(n, k, "int8-reference", weight=int8.dequantize(weight), bias=bias)
+    n, k = weight.shape
+    if _kernels is not None and weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and k % 2 == 0:
+        nb = -(-n // 16)
+        packed = F.pad(weight, (0, 0, 0, nb * 16 - n)).reshape(nb, 16, k // 2, 2).permute(0, 2, 1, 3).contiguous()
+        return LinearWeight(n, k, "bf16", packed=packed, bias=bias, kernels=_kernels)
+    return LinearWeight(n, k, "dense", weight=weight, bias=bias)
+
+
+def apply(x: torch.Tensor, w: LinearWeight, residual: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] -> x W^T (+ bias) (+ residual), in x's dtype. `residual` is added after the
+    product is rounded to that dtype, as `residual + F.linear(x, W)` does."""
+    if w.kind == "bf16":
+        return w.kernels.linear_bf16(_rows(x), w.packed, w.out_features, w.bias, residual)
+    if w.kind == "int8":
+        return w.kernels.linear_int8(_rows(x), w.packed, w.scales, w.out_features, w.bias, residual)
+    if w.kind == "int8-reference":
+        return int8.reference_linear(x, w.weight, w.bias, residual)
+    y = F.linear(x, w.weight, w.bias)
+    return y if residual is None else residual + y
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    return x if x.stride(-1) == 1 else x.contiguous()

@@ -1,0 +1,54 @@
+"""How the CPU kernels are found, built and refused: pure decisions, and the fallback when a
+build fails (the engine must still serve, on the PyTorch reference)."""
+
+from __future__ import annotations
+
+import logging
+
+from preheat.engine.kernels import cpu_ext
+from preheat.engine.kernels.backend import select_attention_backend
+
+
+def test_the_cpu_check_names_what_is_missing():
+    full = set(cpu_ext.REQUIRED_CPU_FLAGS) | {"sse4_2"}
+    assert cpu_ext.missing_cpu_flags(full) == []
+    assert cpu_ext.missing_cpu_flags(full - {"avx512_bf16", "avx512_vnni"}) == ["avx512_vnni", "avx512_bf16"]
+    assert cpu_ext.missing_cpu_flags(set()) == list(cpu_ext.REQUIRED_CPU_FLAGS)
+
+
+def test_cpu_flags_are_read_from_cpuinfo(tmp_path):
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nflags\t\t: fpu avx512f avx512_bf16\nbugs\t\t: none\n")
+    assert cpu_ext.read_cpu_flags(str(info)) == {"fpu", "avx512f", "avx512_bf16"}
+    assert cpu_ext.read_cpu_flags(str(tmp_path / "missing")) == set()
+
+
+def test_the_build_key_changes_with_sources_torch_and_flags():
+    key = cpu_ext.build_key({"a.cpp": b"int x;"}, "2.13.0", ("-O3",))
+    assert key == cpu_ext.build_key({"a.cpp": b"int x;"}, "2.13.0", ("-O3",))
+    assert key != cpu_ext.build_key({"a.cpp": b"int y;"}, "2.13.0", ("-O3",))
+    assert key != cpu_ext.build_key({"a.cpp": b"int x;"}, "2.14.0", ("-O3",))
+    assert key != cpu_ext.build_key({"a.cpp": b"int x;"}, "2.13.0", ("-O2",))
+
+
+def test_a_failed_build_falls_back_to_the_reference(monkeypatch, caplog):
+    def broken(*args, **kwargs):
+        raise RuntimeError("Error building extension 'preheat_cpu'\ng++: command not found")
+
+    monkeypatch.setattr(cpu_ext, "_loaded", {})
+    monkeypatch.setattr(cpu_ext, "read_cpu_flags", lambda: set(cpu_ext.REQUIRED_CPU_FLAGS))
+    monkeypatch.setattr(cpu_ext, "build", broken)
+    monkeypatch.delenv("PREHEAT_ATTENTION_BACKEND", raising=False)
+    with caplog.at_level(logging.WARNING, logger="preheat.engine.kernels.cpu_ext"):
+        assert cpu_ext.load() is None
+    assert cpu_ext.unavailable_reason == "build failed: g++: command not found"
+    assert "using the PyTorch reference" in caplog.text
+    assert select_attention_backend("cpu") == "torch"
+
+
+def test_a_cpu_without_the_instructions_never_builds(monkeypatch):
+    monkeypatch.setattr(cpu_ext, "_loaded", {})
+    monkeypatch.setattr(cpu_ext, "read_cpu_flags", lambda: {"avx2", "fma"})
+    monkeypatch.setattr(cpu_ext, "build", lambda *a, **k: (_ for _ in ()).throw(AssertionError("built")))
+    assert cpu_ext.load() is None
+    assert cpu_ext.unavailable_reason.startswith("the CPU lacks avx512f")

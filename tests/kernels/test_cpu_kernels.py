@@ -1,0 +1,238 @@
+"""The C++ CPU kernels against the PyTorch reference, over shapes hypothesis picks: batch
+sizes, contexts crossing page boundaries, GQA ratios, head dims, row counts that fill no
+register tile evenly.
+
+They need a CPU with AVX-512 VNNI/BF16 (CI's has them). On a CPU without, the module is
+skipped with the reason; on a CPU with them, a failed build fails here, loudly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from preheat.engine.kernels import cpu_ext, int8, reference
+
+missing = cpu_ext.missing_cpu_flags(cpu_ext.read_cpu_flags())
+if missing:
+    pytest.skip(f"this CPU lacks {', '.join(missing)}", allow_module_level=True)
+
+kernels = cpu_ext.build()
+SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+DTYPES = st.sampled_from([torch.float32, torch.bfloat16])
+
+
+def close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype, scale: float = 1.0) -> None:
+    """Within a few units in the last place of the dtype, relative to the values' scale."""
+    tol = (1e-5 if dtype == torch.float32 else 2e-2) * scale
+    torch.testing.assert_close(actual.float(), expected.float(), rtol=tol, atol=tol)
+
+
+def paged_cache(g: torch.Generator, lens: list[int], page_size: int, kvh: int, hd: int, dtype: torch.dtype):
+    """A pool-shaped cache (a view into [layers, 2, pages, ...] like KVPool's) with each
+    sequence's pages scattered, and its page table."""
+    pages_each = [-(-n // page_size) for n in lens]
+    num_pages = sum(pages_each) + 3
+    kv = torch.randn((2, 2, num_pages, page_size, kvh, hd), generator=g).to(dtype)
+    order = (torch.randperm(num_pages - 1, generator=g) + 1).tolist()  # page 0 is scratch
+    table = torch.zeros((len(lens), max(pages_each)), dtype=torch.int32)
+    for i, n in enumerate(pages_each):
+        table[i, :n] = torch.tensor([order.pop() for _ in range(n)], dtype=torch.int32)
+    return kv[1, 0], kv[1, 1], table
+
+
+@SETTINGS
+@given(
+    batch=st.integers(1, 6),
+    kvh=st.integers(1, 4),
+    group=st.sampled_from([1, 2, 3, 4, 8]),
+    hd=st.sampled_from([64, 128, 96]),
+    page_size=st.sampled_from([1, 4, 16]),
+    max_len=st.integers(1, 600),
+    dtype=DTYPES,
+    seed=st.integers(0, 2**16),
+)
+def test_decode_attention_matches_the_reference(batch, kvh, group, hd, page_size, max_len, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.randint(1, max_len + 1, (batch,), generator=g).tolist()
+    k_cache, v_cache, table = paged_cache(g, lens, page_size, kvh, hd, dtype)
+    q = torch.randn((batch, kvh * group, hd), generator=g).to(dtype)
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    expected = reference.decode_attention(q, k_cache, v_cache, table, seq_lens, hd**-0.5)
+    close(kernels.decode_attention(q, k_cache, v_cache, table, seq_lens, hd**-0.5), expected, dtype)
+
+
+def test_decode_attention_reads_strided_queries_and_long_contexts():
+    g = torch.Generator().manual_seed(1)
+    lens = [1, 3000, 17]  # 3000 tokens: many chunks of one row merged
+    k_cache, v_cache, table = paged_cache(g, lens, 16, 2, 64, torch.float32)
+    qkv = torch.randn((3, 8 * 64), generator=g)
+    q = qkv.view(3, 8, 64)[:, :4]  # a view with a row stride of the fused projection
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    expected = reference.decode_attention(q.contiguous(), k_cache, v_cache, table, seq_lens, 0.125)
+    close(kernels.decode_attention(q, k_cache, v_cache, table, seq_lens, 0.125), expected, torch.float32)
+
+
+def test_decode_attention_refuses_lengths_beyond_the_page_table():
+    k_cache = torch.zeros((4, 4, 1, 64))
+    with pytest.raises(RuntimeError, match="seq_lens out of range"):
+        kernels.decode_attention(
+            torch.zeros((1, 1, 64)), k_cache, k_cache, torch.ones((1, 1), dtype=torch.int32),
+            torch.tensor([5], dtype=torch.int32), 1.0,
+        )
+
+
+@contextlib.contextmanager
+def dispatch(module, kernels_module):
+    """Points a dispatch module (fused, linear, cpu_attention) at kernels_module, then puts
+    back what was there (an engine built earlier in this process may rely on it)."""
+    before = module._kernels
+    module.use_kernels(kernels_module)
+    try:
+        yield
+    finally:
+        module.use_kernels(before)
+
+
+def pack_bf16(w: torch.Tensor) -> torch.Tensor:
+    from preheat.engine.kernels import linear
+
+    with dispatch(linear, kernels):
+        return linear.prepare(w, None, torch.bfloat16).packed
+
+
+@SETTINGS
+@given(
+    m=st.integers(1, 40),
+    n=st.integers(1, 200),
+    k=st.integers(1, 150).map(lambda x: 2 * x),
+    bias=st.booleans(),
+    residual=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_bf16_linear_matches_torch(m, n, k, bias, residual, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn((m, k), generator=g).bfloat16()
+    w = torch.randn((n, k), generator=g).bfloat16()
+    b = torch.randn(n, generator=g).bfloat16() if bias else None
+    r = torch.randn((m, n), generator=g).bfloat16() if residual else None
+    expected = F.linear(x.float(), w.float(), None if b is None else b.float())
+    if r is not None:
+        expected = r.float() + expected.bfloat16().float()
+    y = kernels.linear_bf16(x, pack_bf16(w), n, b, r)
+    assert y.shape == (m, n) and y.dtype == torch.bfloat16
+    close(y, expected, torch.bfloat16, scale=k**0.5 / 4)
+
+
+@SETTINGS
+@given(
+    m=st.integers(1, 20),
+    n=st.integers(1, 120),
+    k=st.integers(1, 12).map(lambda x: 32 * x),
+    dtype=DTYPES,
+    bias=st.booleans(),
+    residual=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_int8_linear_matches_its_reference(m, n, k, dtype, bias, residual, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn((m, k), generator=g).to(dtype)
+    qw = int8.quantize(torch.randn((n, k), generator=g))
+    b = torch.randn(n, generator=g).to(dtype) if bias else None
+    r = torch.randn((m, n), generator=g).to(dtype) if residual else None
+    codes, scales = int8.pack(qw)
+    y = kernels.linear_int8(x, codes, scales, n, b, r)
+    expected = int8.reference_linear(x, int8.dequantize(qw), b, r)
+    assert y.dtype == dtype
+    # Same quantized products; only the order of the float32 sums differs.
+    close(y, expected, dtype, scale=10 if dtype == torch.float32 else 1)
+
+
+def test_int8_linear_reads_asymmetric_blocks_like_gguf_q4_1():
+    g = torch.Generator().manual_seed(3)
+    n, k = 40, 96
+    qw = int8.QuantizedWeight(
+        torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8),
+        (torch.rand((n, k // 32), generator=g) * 0.1).half(),
+        (torch.randn((n, k // 32), generator=g) * 0.1).half(),
+    )
+    x = torch.randn((5, k), generator=g)
+    codes, scales = int8.pack(qw)
+    close(kernels.linear_int8(x, codes, scales, n), int8.reference_linear(x, int8.dequantize(qw)), torch.float32, 10)
+
+
+@SETTINGS
+@given(m=st.integers(1, 70), n=st.sampled_from([16, 72, 576, 100]), dtype=DTYPES, seed=st.integers(0, 2**16))
+def test_rms_norm_matches_the_reference(m, n, dtype, seed):
+    from preheat.engine.kernels import fused
+
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn((m, n), generator=g) * 3).to(dtype)
+    w = torch.randn(n, generator=g).to(dtype)
+    with dispatch(fused, None):
+        expected = fused.rms_norm(x, w, 1e-5)
+    close(kernels.rms_norm(x, w, 1e-5), expected, dtype)
+
+
+@SETTINGS
+@given(m=st.integers(1, 40), inter=st.sampled_from([16, 40, 1536]), dtype=DTYPES, seed=st.integers(0, 2**16))
+def test_silu_mul_matches_the_reference(m, inter, dtype, seed):
+    from preheat.engine.kernels import fused
+
+    g = torch.Generator().manual_seed(seed)
+    gu = (torch.randn((m, 2 * inter), generator=g) * 4).to(dtype)
+    with dispatch(fused, None):
+        expected = fused.silu_mul(gu)
+    close(kernels.silu_mul(gu), expected, dtype)
+
+
+@SETTINGS
+@given(
+    rows=st.integers(1, 20),
+    heads=st.sampled_from([(9, 3), (4, 4), (8, 1)]),
+    hd=st.sampled_from([64, 128]),
+    dtype=DTYPES,
+    seed=st.integers(0, 2**16),
+)
+def test_rope_and_kv_write_match_the_reference(rows, heads, hd, dtype, seed):
+    from preheat.engine.kernels import fused
+    from preheat.engine.model.rope import RotaryEmbedding
+
+    num_heads, kvh = heads
+    g = torch.Generator().manual_seed(seed)
+    rope = RotaryEmbedding(1.0 / (10000 ** (torch.arange(0, hd, 2).float() / hd)), 1.0, dtype)
+    qkv = torch.randn((rows + 2, (num_heads + 2 * kvh) * hd), generator=g).to(dtype)  # 2 padding rows
+    positions = torch.randint(0, 3000, (rows + 2,), generator=g)
+    slots = torch.randperm(64, generator=g)[:rows] + 4
+    caches = [torch.zeros((2, 5, 16, kvh, hd), dtype=dtype) for _ in range(2)]
+    with dispatch(fused, None):
+        q_ref = fused.rope_write_kv(qkv, rows, fused.RopeInputs(rope, positions, hd), caches[0][0], caches[0][1],
+                                    slots, num_heads, kvh, hd)
+    with dispatch(fused, kernels):
+        inputs = fused.RopeInputs(rope, positions, hd)
+        assert inputs.use_kernel
+        q = fused.rope_write_kv(qkv, rows, inputs, caches[1][0], caches[1][1], slots, num_heads, kvh, hd)
+    close(q, q_ref, dtype)
+    close(caches[1], caches[0], dtype)
+
+
+def test_short_extends_run_as_decode_rows():
+    from preheat.engine.kernels import cpu_attention
+
+    g = torch.Generator().manual_seed(4)
+    prefix, extend = [30, 0, 7], [4, 3, 1]
+    lens = [p + e for p, e in zip(prefix, extend)]
+    k_cache, v_cache, table = paged_cache(g, lens, 4, 2, 64, torch.float32)
+    q = torch.randn((sum(extend), 6, 64), generator=g)
+    expected = reference.extend_attention(q, k_cache, v_cache, table, prefix, extend, 0.125)
+    with dispatch(cpu_attention, kernels):
+        plan = cpu_attention.plan_short_extend(table, prefix, extend)
+        assert plan is not None and plan.seq_lens.tolist() == [31, 32, 33, 34, 1, 2, 3, 8]
+        got = cpu_attention.short_extend(q, k_cache, v_cache, plan, 0.125)
+        assert cpu_attention.plan_short_extend(table, [0], [cpu_attention.SHORT_EXTEND + 1]) is None
+    close(got, expected, torch.float32)
