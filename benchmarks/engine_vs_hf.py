@@ -186,7 +186,8 @@ def run_llama_cpp(gguf: str, tok, n_conv: int, turns: int, max_tokens: int) -> d
         return None
     from llama_cpp import Llama
 
-    llm = Llama(model_path=gguf, n_ctx=4096, verbose=False)
+    threads = torch.get_num_threads()  # llama-cpp-python's default is half the cores
+    llm = Llama(model_path=gguf, n_ctx=4096, n_threads=threads, n_threads_batch=threads, verbose=False)
     replies: list[list[str]] = [[] for _ in range(n_conv)]
     ttft: dict[int, list[float]] = {t: [] for t in range(turns)}
     gen_tokens = prompt_tokens = 0
@@ -223,24 +224,23 @@ def memory_bandwidth_gbps() -> float:
 
 def matmul_floor_ms(engine: Engine, rows: int, repeats: int = 5) -> float:
     """The matrix multiplies of one decode step at `rows` rows and nothing else (every
-    layer's four matrices and the LM head, the engine's own weights): the part of a step no
-    scheduling or attention work can remove. Best of `repeats`."""
-    import torch.nn.functional as F
+    layer's four matrices and the LM head, the engine's own weights and kernels): the part
+    of a step no scheduling or attention work can remove. Best of `repeats`."""
+    from preheat.engine.kernels import linear
 
     model = engine.model
-    hidden = model.spec.hidden_size
-    x = torch.randn(rows, hidden, dtype=engine.dtype)
+    x = torch.randn(rows, model.spec.hidden_size, dtype=engine.dtype)
     best = float("inf")
     with torch.inference_mode():
         for _ in range(repeats + 1):
             t0 = time.perf_counter()
             for layer in model.layers:  # a dense model (the embedded SmolLM2)
                 attn, mlp = layer.attn, layer.mlp
-                F.linear(x, attn.qkv, attn.qkv_bias)
-                F.linear(x, attn.o)
-                gate_up = F.linear(x, mlp.gate_up)
-                F.linear(gate_up[:, : gate_up.shape[1] // 2].contiguous(), mlp.down)
-            F.linear(x, model.lm_head)
+                linear.apply(x, attn.qkv)
+                linear.apply(x, attn.o)
+                linear.apply(x, mlp.gate_up)
+                linear.apply(torch.randn(rows, mlp.intermediate_size, dtype=engine.dtype), mlp.down)
+            linear.apply(x, model.lm_head)
             best = min(best, time.perf_counter() - t0)
     return best * 1000
 
@@ -302,6 +302,7 @@ def main() -> int:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--repeats", type=int, default=3, help="runs of each side, alternated; medians reported")
     ap.add_argument("--out", default=str(RESULTS / "engine_vs_hf.md"))
+    ap.add_argument("--skip-decode-step", action="store_true", help="leave out benchmarks/decode_step.py's section")
     args = ap.parse_args()
 
     engine = Engine(EngineConfig(dtype=args.dtype, max_total_tokens=65536, max_num_seqs=64))
@@ -398,10 +399,10 @@ def main() -> int:
         "conversation each turn, while Preheat's radix cache serves {hit:.0%} of prompt tokens. Preheat's "
         "steps: {steps}. A turn of {turns} tokens per conversation needs at least {turns_minus} decode steps "
         "in a row whatever the batching. The matrix multiplies of one {rows}-row decode step alone take "
-        "{floor:.0f} ms here (measured, oneDNN bfloat16; reading the ~{mb:.0f} MB of weights at the measured "
+        "{floor:.0f} ms here (measured, Preheat's bfloat16 kernels; reading the ~{mb:.0f} MB of weights at the measured "
         "bandwidth would take {bw_ms:.0f} ms), and transformers pays the same multiplies per step; the rest "
-        "of a decode step is attention over the paged cache and element-wise work, dispatched op by op "
-        "from Python. So the throughput ratio is capped well below the prefill saving: with every decode "
+        "of a decode step is attention over the paged cache, element-wise work and the Python around the "
+        "kernel calls (see the decode-step section below). So the throughput ratio is capped well below the prefill saving: with every decode "
         "step at the multiply floor and no prefill at all, Preheat's wall time would be {best:.1f} s, "
         "{best_ratio:.1f}x transformers'.".format(
             gen=args.conversations * args.turns * args.max_tokens,
@@ -417,6 +418,12 @@ def main() -> int:
             best_ratio=theirs["wall"] / (args.turns * (args.max_tokens - 1) * floor_ms / 1000),
         ),
     ]
+    if not args.skip_decode_step:
+        sys.path.insert(0, str(Path(__file__).parent))
+        import decode_step
+
+        del hf, engine  # the decode-step run loads its own engines
+        lines += ["", decode_step.run(decode_step.parse_args([])).rstrip("\n")]
     text = "\n".join(lines) + "\n"
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(text)

@@ -1,0 +1,351 @@
+"""Decode-step cost, side by side in one process: Preheat's whole engine step (scheduling,
+forward over the paged KV pool, sampling, detokenizing) against transformers' forward over
+a dense static KV cache, at batch 1 / 8 / 16 with the same weights, dtype and context; and
+batch-1 decode speed against llama.cpp (llama-cpp-python) on the same GGUF file.
+
+Sides:
+- preheat bf16 / preheat int8: the engine as served (CPU kernels, `--quantization int8`);
+- preheat bf16, torch kernels: PREHEAT_ATTENTION_BACKEND=torch, the PyTorch reference path
+  (oneDNN matmuls, gathered-context SDPA): what the engine ran before the CPU kernels;
+- transformers dense: `model(input_ids, past_key_values=StaticCache)` then argmax, eager
+  (no torch.compile), the default attention implementation.
+
+Sides alternate in rounds (a few steps each, medians over all), so machine drift hits all
+of them alike. Writes benchmarks/results/decode_step.md; benchmarks/engine_vs_hf.py runs it
+too and puts the same section into engine_vs_hf.md.
+
+    python benchmarks/decode_step.py [--batches 1 8 16] [--context 256] [--rounds 4] [--steps 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import os
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+from preheat.engine import SamplingParams
+from preheat.engine.config import EngineConfig
+from preheat.engine.engine import Engine
+from preheat.engine.kernels import attention, fused, linear
+
+RESULTS = Path(__file__).parent / "results"
+STORY = "Write a long story about a lighthouse keeper who finds a message in a bottle. " * 40
+
+
+@contextlib.contextmanager
+def backend(name: str, device: torch.device):
+    """Binds the process-wide dispatch (attention, element-wise) to one side's backend; each
+    engine's matrices already carry the form their backend packed them in."""
+    before = os.environ.get("PREHEAT_ATTENTION_BACKEND")
+    os.environ["PREHEAT_ATTENTION_BACKEND"] = name
+    try:
+        attention.set_backend(device)
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("PREHEAT_ATTENTION_BACKEND", None)
+        else:
+            os.environ["PREHEAT_ATTENTION_BACKEND"] = before
+
+
+class EngineSide:
+    def __init__(self, label: str, backend_name: str, **config) -> None:
+        self.label = label
+        self.backend_name = backend_name
+        with backend(backend_name, torch.device("cpu")):
+            self.engine = Engine(EngineConfig(max_total_tokens=65536, max_num_seqs=64, **config))
+        self.forward_times: list[float] = []
+        runner = self.engine.runner
+        inner = runner.decode_forward
+
+        def timed(*args):
+            t0 = time.perf_counter()
+            out = inner(*args)
+            self.forward_times.append(time.perf_counter() - t0)
+            return out
+
+        runner.decode_forward = timed
+
+    def start(self, prompts: list[list[int]]) -> None:
+        eng = self.engine
+        params = SamplingParams(max_tokens=4000, temperature=0, ignore_eos=True)
+        with backend(self.backend_name, eng.device):
+            for p in prompts:
+                eng.add_request(p, params)
+            while eng.waiting or eng._inbox or any(s.num_computed < s.num_tokens - 1 for s in eng.running):
+                eng.step()
+
+    def steps(self, n: int) -> list[float]:
+        times = []
+        with backend(self.backend_name, self.engine.device):
+            for _ in range(n):
+                t0 = time.perf_counter()
+                self.engine.step()
+                times.append(time.perf_counter() - t0)
+        return times
+
+    def stop(self) -> None:
+        eng = self.engine
+        for s in list(eng.running):
+            eng.abort_request(s.request_id)
+        eng.step()
+        if eng.radix is not None:
+            eng.radix.reset()
+
+
+class DenseSide:
+    """transformers' forward over a StaticCache: the dense-cache baseline of the issue."""
+
+    label = "transformers dense (static cache)"
+
+    def __init__(self, hf_dir: str) -> None:
+        from transformers import AutoModelForCausalLM
+
+        self.model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.bfloat16).eval()
+        self.forward_times: list[float] = []
+
+    def start(self, prompts: list[list[int]], max_len: int) -> None:
+        from transformers import StaticCache
+
+        self.cache = StaticCache(config=self.model.config, max_cache_len=max_len)
+        ids = torch.tensor(prompts)
+        self.pos = ids.shape[1]
+        with torch.inference_mode():
+            out = self.model(input_ids=ids, past_key_values=self.cache, cache_position=torch.arange(self.pos),
+                             use_cache=True)
+        self.next = out.logits[:, -1].argmax(-1, keepdim=True)
+
+    def steps(self, n: int) -> list[float]:
+        times = []
+        with torch.inference_mode():
+            for _ in range(n):
+                t0 = time.perf_counter()
+                out = self.model(input_ids=self.next, past_key_values=self.cache,
+                                 cache_position=torch.tensor([self.pos]), use_cache=True)
+                self.next = out.logits[:, -1].argmax(-1, keepdim=True)
+                self.pos += 1
+                times.append(time.perf_counter() - t0)
+        self.forward_times.extend(times)
+        return times
+
+    def stop(self) -> None:
+        self.cache = None
+
+
+def prompts_for(tokenizer, batch: int, context: int) -> list[list[int]]:
+    ids = tokenizer.encode(STORY)
+    return [ids[i : i + context] for i in range(batch)]  # same length, different tokens
+
+
+def where_the_time_goes(side: EngineSide, prompts: list[list[int]], steps: int) -> dict[str, float]:
+    """Milliseconds per step by kind of work, from timers around the dispatch points (the
+    kernels release the GIL and run to completion, so wall time per call is their cost)."""
+    acc: dict[str, float] = defaultdict(float)
+    patched = []
+
+    def wrap(module, name: str, kind: str) -> None:
+        inner = getattr(module, name)
+
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                acc[kind] += time.perf_counter() - t0
+
+        setattr(module, name, timed)
+        patched.append((module, name, inner))
+
+    side.start(prompts)
+    side.steps(2)
+    wrap(linear, "apply", "matrix multiplies")
+    wrap(attention, "decode_attention", "attention")
+    for name in ("rms_norm", "silu_mul", "rope_write_kv"):
+        wrap(fused, name, "norm / rope + KV write / SiLU")
+    model = side.engine.model
+    wrap(model, "forward", "forward")
+    try:
+        times = side.steps(steps)
+    finally:
+        for module, name, inner in patched:
+            setattr(module, name, inner)
+        side.stop()
+    total = sum(times)
+    forward = acc.pop("forward")
+    out = {k: 1000 * v / steps for k, v in acc.items()}
+    out["rest of the forward (embedding, Python between calls)"] = 1000 * (forward - sum(acc.values())) / steps
+    out["outside the forward (schedule, sample, detokenize)"] = 1000 * (total - forward) / steps
+    out["whole step"] = 1000 * total / steps
+    return out
+
+
+def batch1_tokens_per_s(side: EngineSide, prompt: list[int], tokens: int) -> float:
+    eng = side.engine
+    with backend(side.backend_name, eng.device):
+        eng.add_request(prompt, SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True))
+        stamps = []
+        while eng.has_unfinished():
+            for out in eng.step():
+                stamps.extend([time.perf_counter()] * len(out.new_token_ids))
+    if eng.radix is not None:
+        eng.radix.reset()
+    return (len(stamps) - 1) / (stamps[-1] - stamps[0])
+
+
+def llama_cpp_tokens_per_s(llm, prompt: list[int], tokens: int) -> float:
+    llm.reset()
+    stamps = [time.perf_counter() for _ in llm.create_completion(prompt, max_tokens=tokens, temperature=0, stream=True)]
+    return (len(stamps) - 1) / (stamps[-1] - stamps[0])
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 16])
+    ap.add_argument("--context", type=int, default=256)
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=8, help="decode steps per side per round")
+    ap.add_argument("--b1-tokens", type=int, default=128)
+    ap.add_argument("--no-reference", action="store_true", help="skip the torch-kernels side")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    ap.add_argument("--out", default=str(RESULTS / "decode_step.md"))
+    return ap.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> str:
+    """Measures every side; returns the markdown report."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    sides = [EngineSide("preheat bf16", "cpu", dtype="bfloat16"),
+             EngineSide("preheat int8", "cpu", dtype="bfloat16", quantization="int8")]
+    if not args.no_reference:
+        sides.append(EngineSide("preheat bf16, torch kernels (before)", "torch", dtype="bfloat16"))
+    ours = sides[0].engine
+    if ours.attention_backend != "cpu":
+        print(f"warning: the CPU kernels are not in use ({ours.attention_backend})", file=sys.stderr)
+    dense = DenseSide(ours.hf_dir)
+    tok = ours.tokenizer
+    all_sides = sides + [dense]
+    results: dict[int, dict[str, float]] = {}
+    forward: dict[int, dict[str, float]] = {}
+    for batch in args.batches:
+        prompts = prompts_for(tok, batch, args.context)
+        for s in sides:
+            s.start(prompts)
+            s.forward_times.clear()
+        dense.start(prompts, args.context + args.rounds * args.steps + 16)
+        dense.forward_times.clear()
+        times: dict[str, list[float]] = defaultdict(list)
+        for s in all_sides:
+            s.steps(2)  # warm: first steps at a new batch size build kernels / caches
+            s.forward_times.clear()
+        for _ in range(args.rounds):
+            for s in all_sides:
+                times[s.label].extend(s.steps(args.steps))
+        results[batch] = {label: 1000 * statistics.median(t) for label, t in times.items()}
+        forward[batch] = {s.label: 1000 * statistics.median(s.forward_times) for s in all_sides}
+        for s in all_sides:
+            s.stop()
+        print(f"batch {batch}: " + ", ".join(f"{k} {v:.1f} ms" for k, v in results[batch].items()), file=sys.stderr)
+
+    breakdown = {}
+    for s in sides[:2]:
+        for batch in (args.batches[0], args.batches[-1]):
+            breakdown[(s.label, batch)] = where_the_time_goes(s, prompts_for(tok, batch, args.context), 2 * args.steps)
+
+    b1: dict[str, list[float]] = defaultdict(list)
+    prompt = prompts_for(tok, 1, args.context)[0]
+    llm = None
+    gguf = ours.config.model
+    if gguf is None:
+        from preheat.engine.model.loader import default_model_path
+
+        gguf = default_model_path()
+    if importlib.util.find_spec("llama_cpp") is not None:
+        from llama_cpp import Llama
+
+        threads = torch.get_num_threads()
+        llm = Llama(model_path=gguf, n_ctx=2048, n_threads=threads, n_threads_batch=threads, verbose=False)
+        llama_cpp_tokens_per_s(llm, prompt, 8)  # warm
+    for _ in range(3):
+        for s in sides[:2]:
+            b1[s.label].append(batch1_tokens_per_s(s, prompt, args.b1_tokens))
+        if llm is not None:
+            b1["llama.cpp (llama-cpp-python)"].append(llama_cpp_tokens_per_s(llm, prompt, args.b1_tokens))
+
+    return render(args, results, forward, breakdown, b1, sides, dense, gguf, ours)
+
+
+def main() -> int:
+    args = parse_args()
+    text = run(args)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(text)
+    print(text)
+    return 0
+
+
+def render(args, results, forward, breakdown, b1, sides, dense, gguf, ours) -> str:
+    labels = [s.label for s in sides] + [dense.label]
+    lines = [
+        "## Decode step: Preheat vs a dense-cache forward, and batch-1 decode vs llama.cpp",
+        "",
+        f"Model: SmolLM2-135M-Instruct ({Path(gguf).name}; bf16 sides read it dequantised, int8 reads its "
+        f"Q4_1/Q8_0 blocks as they are), CPU, {torch.get_num_threads()} threads, contexts of "
+        f"{args.context} tokens growing by {args.rounds * args.steps + 2} during the run. Written by "
+        "`benchmarks/decode_step.py`: all sides in one process, alternating in rounds of "
+        f"{args.steps} steps ({args.rounds} rounds), medians. Preheat's figure is its whole engine step "
+        "(scheduling, forward, sampling, detokenizing); transformers' is its forward plus argmax.",
+        "",
+        "| decode step (ms, median) | " + " | ".join(f"batch {b}" for b in results) + " |",
+        "| --- | " + " | ".join("---" for _ in results) + " |",
+    ]
+    for label in labels:
+        lines.append(f"| {label} | " + " | ".join(f"{results[b][label]:.1f}" for b in results) + " |")
+    lines.append("| of which the forward pass | " + " | ".join(
+        " / ".join(f"{forward[b][s.label]:.1f}" for s in sides[:2]) for b in results) + " |")
+    lines += ["", "Ratio to the dense-cache forward (goal <= 0.7):", ""]
+    for s in sides:
+        lines.append(f"- {s.label}: " + ", ".join(
+            f"batch {b} {results[b][s.label] / results[b][dense.label]:.2f}" for b in results))
+    lines += ["", "### Batch-1 decode against llama.cpp on the same GGUF", ""]
+    if "llama.cpp (llama-cpp-python)" not in b1:
+        lines.append("llama-cpp-python is not importable in this run (build notes: /work/shared/MACHINE-NOTES.md).")
+    lines += ["| engine | decode tok/s (median of 3) | runs |", "| --- | --- | --- |"]
+    for label, vals in b1.items():
+        lines.append(f"| {label} | {statistics.median(vals):.1f} | {', '.join(f'{v:.1f}' for v in vals)} |")
+    lines += [
+        "",
+        f"{args.b1_tokens} greedy tokens after a {args.context}-token prompt; tokens/s between the first "
+        "and the last token as each side streams them (llama.cpp: `create_completion(stream=True)`, "
+        f"n_threads={torch.get_num_threads()}).",
+        "",
+        "### Where the time goes (ms per step, timers around the dispatch points)",
+        "",
+    ]
+    keys = list(next(iter(breakdown.values())).keys())
+    cols = list(breakdown)
+    lines.append("| | " + " | ".join(f"{label}, batch {b}" for label, b in cols) + " |")
+    lines.append("| --- | " + " | ".join("---" for _ in cols) + " |")
+    for k in keys:
+        lines.append(f"| {k} | " + " | ".join(f"{breakdown[c][k]:.1f}" for c in cols) + " |")
+    weights = ours.model.step_weight_bytes
+    lines += [
+        "",
+        f"Weights read per step: {weights / 1e6:.0f} MB in bf16, "
+        f"{sides[1].engine.model.step_weight_bytes / 1e6:.0f} MB in int8.",
+        f"1-minute load average at the end: {os.getloadavg()[0]:.2f} (2 cores shared with other work; "
+        "sides alternate, so drift hits all of them, but absolute times move).",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
