@@ -150,39 +150,47 @@ def where_the_time_goes(side: EngineSide, prompts: list[list[int]], steps: int) 
     kernels release the GIL and run to completion, so wall time per call is their cost)."""
     acc: dict[str, float] = defaultdict(float)
     patched = []
+    outer: list[str] = []  # the timed call we are inside, if any: nested calls count once
 
     def wrap(module, name: str, kind: str) -> None:
         inner = getattr(module, name)
 
         def timed(*args, **kwargs):
+            if outer and outer[-1] != "forward":
+                return inner(*args, **kwargs)
+            outer.append(kind)
             t0 = time.perf_counter()
             try:
                 return inner(*args, **kwargs)
             finally:
                 acc[kind] += time.perf_counter() - t0
+                outer.pop()
 
         setattr(module, name, timed)
         patched.append((module, name, inner))
 
     side.start(prompts)
     side.steps(2)
-    wrap(linear, "apply", "matrix multiplies")
+    model = side.engine.model
+    wrap(model, "forward", "forward")
+    wrap(model, "logits", "LM head (logits of the sampled rows)")
+    wrap(linear, "apply", "matrix multiplies (layers)")
     wrap(attention, "decode_attention", "attention")
     for name in ("rms_norm", "silu_mul", "rope_write_kv"):
         wrap(fused, name, "norm / rope + KV write / SiLU")
-    model = side.engine.model
-    wrap(model, "forward", "forward")
     try:
         times = side.steps(steps)
     finally:
-        for module, name, inner in patched:
+        for module, name, inner in reversed(patched):
             setattr(module, name, inner)
         side.stop()
     total = sum(times)
     forward = acc.pop("forward")
+    head = acc.pop("LM head (logits of the sampled rows)")
     out = {k: 1000 * v / steps for k, v in acc.items()}
     out["rest of the forward (embedding, Python between calls)"] = 1000 * (forward - sum(acc.values())) / steps
-    out["outside the forward (schedule, sample, detokenize)"] = 1000 * (total - forward) / steps
+    out["LM head (logits of the sampled rows)"] = 1000 * head / steps
+    out["rest of the step (schedule, sample, detokenize)"] = 1000 * (total - forward - head) / steps
     out["whole step"] = 1000 * total / steps
     return out
 

@@ -197,9 +197,10 @@ def test_silu_mul_matches_the_reference(m, inter, dtype, seed):
     heads=st.sampled_from([(9, 3), (4, 4), (8, 1)]),
     hd=st.sampled_from([64, 128]),
     dtype=DTYPES,
+    normed_qk=st.booleans(),
     seed=st.integers(0, 2**16),
 )
-def test_rope_and_kv_write_match_the_reference(rows, heads, hd, dtype, seed):
+def test_rope_and_kv_write_match_the_reference(rows, heads, hd, dtype, normed_qk, seed):
     from preheat.engine.kernels import fused
     from preheat.engine.model.rope import RotaryEmbedding
 
@@ -210,13 +211,15 @@ def test_rope_and_kv_write_match_the_reference(rows, heads, hd, dtype, seed):
     positions = torch.randint(0, 3000, (rows + 2,), generator=g)
     slots = torch.randperm(64, generator=g)[:rows] + 4
     caches = [torch.zeros((2, 5, 16, kvh, hd), dtype=dtype) for _ in range(2)]
+    # Qwen3 normalises q and k per head before the rotation: they come in separately.
+    qk = (qkv[:, : (num_heads + kvh) * hd].view(-1, num_heads + kvh, hd) * 0.5) if normed_qk else None
     with dispatch(fused, None):
         q_ref = fused.rope_write_kv(qkv, rows, fused.RopeInputs(rope, positions, hd), caches[0][0], caches[0][1],
-                                    slots, num_heads, kvh, hd)
+                                    slots, num_heads, kvh, hd, qk)
     with dispatch(fused, kernels):
         inputs = fused.RopeInputs(rope, positions, hd)
         assert inputs.use_kernel
-        q = fused.rope_write_kv(qkv, rows, inputs, caches[1][0], caches[1][1], slots, num_heads, kvh, hd)
+        q = fused.rope_write_kv(qkv, rows, inputs, caches[1][0], caches[1][1], slots, num_heads, kvh, hd, qk)
     close(q, q_ref, dtype)
     close(caches[1], caches[0], dtype)
 
