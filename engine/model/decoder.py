@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from preheat.engine.kernels import attention, fused, linear
 from preheat.engine.kernels.int8 import QuantizedWeight
-from preheat.engine.model.layers import Attention, AttentionMetadata, DenseMLP, StepContext, rms_norm
+from preheat.engine.model.layers import Attention, AttentionMetadata, DenseMLP, StepContext
 from preheat.engine.model.moe import SparseMoE
 from preheat.engine.model.rope import RotaryEmbedding
 from preheat.engine.model.spec import ModelSpec
@@ -59,11 +59,11 @@ class DecoderLayer:
     def forward(self, h: torch.Tensor, ctx: StepContext, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
         if self.reduce is None:
             # The residual adds happen inside the output projections (one pass fewer each).
-            h = self.attn.forward(rms_norm(h, self.input_norm, self.eps), ctx, k_cache, v_cache, residual=h)
-            return self.mlp.forward(rms_norm(h, self.post_norm, self.eps), residual=h)
+            h = self.attn.forward(fused.rms_norm(h, self.input_norm, self.eps), ctx, k_cache, v_cache, residual=h)
+            return self.mlp.forward(fused.rms_norm(h, self.post_norm, self.eps), residual=h)
         # Tensor parallel: each rank's output is a partial sum, all-reduced before the residual.
-        h = h + self.reduce(self.attn.forward(rms_norm(h, self.input_norm, self.eps), ctx, k_cache, v_cache))
-        return h + self.reduce(self.mlp.forward(rms_norm(h, self.post_norm, self.eps)))
+        h = h + self.reduce(self.attn.forward(fused.rms_norm(h, self.input_norm, self.eps), ctx, k_cache, v_cache))
+        return h + self.reduce(self.mlp.forward(fused.rms_norm(h, self.post_norm, self.eps)))
 
 
 class DecoderModel:
@@ -127,7 +127,7 @@ class DecoderModel:
         )
         for index, layer in enumerate(self.layers):
             h = layer.forward(h, ctx, kv_pool.k(index), kv_pool.v(index))
-        return rms_norm(h[:rows], self.norm, self.spec.rms_norm_eps)
+        return fused.rms_norm(h[:rows], self.norm, self.spec.rms_norm_eps)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         rows = hidden.shape[0]

@@ -99,7 +99,8 @@ class Attention:
         qkv = linear.apply(x, self.qkv)
         qk = None
         if self.qk_norm is not None:
-            qk = rms_norm(qkv[:, : q_size + kv_size].view(-1, heads_q + heads_kv, hd), self.qk_norm, self.norm_eps)
+            qk = qkv[:, : q_size + kv_size].view(-1, heads_q + heads_kv, hd)
+            qk = fused.rms_norm(qk, self.qk_norm, self.norm_eps)
         q = fused.rope_write_kv(qkv, rows, ctx.rope, k_cache, v_cache, meta.slots, heads_q, heads_kv, hd, qk)
         nd = meta.num_decode
         if nd == rows:
