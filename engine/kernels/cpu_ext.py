@@ -2,14 +2,16 @@
 
 The kernels need AVX-512 with VNNI and BF16 (Intel Cooper Lake / Sapphire Rapids and later,
 AMD Zen 4 and later). They are compiled just in time with torch.utils.cpp_extension into a
-cache directory keyed by the sources, torch's version and the compiler flags, so a build
-happens once per machine image: `scripts/setup` builds them, the engine image builds them
-at `docker build`, and an engine that finds no build makes one at start, before `/ready`.
+cache directory keyed by the sources, torch's version and the compiler flags (see
+`cache_dirs`), so a build happens once per machine image: `scripts/setup` builds them, the
+engine image builds them at `docker build`, and an engine that finds no build makes one at
+start, before `/ready`.
 
 Whatever goes wrong — no compiler, a failed build, a CPU without the instructions — the
 engine logs why and runs the PyTorch reference instead; it never stops serving over it.
 PREHEAT_ATTENTION_BACKEND=torch turns the kernels off (to compare, or to step around a bad
-kernel); PREHEAT_KERNEL_CACHE moves the build cache (default ~/.cache/preheat/kernels).
+kernel); PREHEAT_KERNEL_CACHE sets the build cache (default: the Python environment's
+share/preheat/kernels, else ~/.cache/preheat/kernels).
 """
 
 from __future__ import annotations
@@ -68,11 +70,34 @@ def build_key(sources: dict[str, bytes], torch_version: str, flags: tuple[str, .
     return h.hexdigest()[:16]
 
 
+def cache_dirs(environ: dict[str, str] | None = None, prefix: str | None = None) -> list[Path]:
+    """Where builds are looked for, in order; a build goes to the first writable one.
+
+    PREHEAT_KERNEL_CACHE when set (the engine image sets it), else the Python environment's
+    own `share/preheat/kernels` (scripts/setup builds there: every process of that
+    environment finds it whatever its HOME, e.g. engine pods whose cache directory is a
+    fresh volume), then the user cache (~/.cache/preheat/kernels)."""
+    environ = os.environ if environ is None else environ
+    if environ.get(ENV_CACHE):
+        return [Path(environ[ENV_CACHE])]
+    base = environ.get("XDG_CACHE_HOME") or os.path.join(environ.get("HOME") or Path.home(), ".cache")
+    return [Path(prefix or sys.prefix) / "share" / "preheat" / "kernels", Path(base) / "preheat" / "kernels"]
+
+
 def default_cache_dir() -> Path:
-    if os.environ.get(ENV_CACHE):
-        return Path(os.environ[ENV_CACHE])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
-    return Path(base) / "preheat" / "kernels"
+    """The first cache directory a build can be written to."""
+    dirs = cache_dirs()
+    for d in dirs:
+        if _writable(d):
+            return d
+    return dirs[-1]
+
+
+def _writable(directory: Path) -> bool:
+    probe = directory
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    return os.access(probe, os.W_OK)
 
 
 def _read_sources() -> dict[str, bytes]:
@@ -102,10 +127,11 @@ def build(cache_dir: Path | None = None, verbose: bool = False) -> ModuleType:
     name = f"preheat_cpu_{key}"
     if name in sys.modules:
         return sys.modules[name]
+    for candidate in [cache_dir] if cache_dir else cache_dirs():
+        built = candidate / name / f"{name}.so"
+        if built.is_file():
+            return _import(built, name)
     directory = (cache_dir or default_cache_dir()) / name
-    built = directory / f"{name}.so"
-    if built.is_file():
-        return _import(built, name)
     from torch.utils import cpp_extension
 
     directory.mkdir(parents=True, exist_ok=True)
@@ -152,8 +178,8 @@ def main() -> int:
     """`python -m preheat.engine.kernels.cpu_ext`: builds into the cache (setup scripts and
     the image build run this), whatever this machine's CPU is."""
     logging.basicConfig(level=logging.INFO)
-    module = build(verbose="-v" in sys.argv)
-    print(f"built {module.__name__} in {default_cache_dir()}")
+    module = build(cache_dir=default_cache_dir(), verbose="-v" in sys.argv)
+    print(f"CPU kernels: {module.__file__}")
     return 0
 
 

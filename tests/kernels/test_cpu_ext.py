@@ -52,3 +52,13 @@ def test_a_cpu_without_the_instructions_never_builds(monkeypatch):
     monkeypatch.setattr(cpu_ext, "build", lambda *a, **k: (_ for _ in ()).throw(AssertionError("built")))
     assert cpu_ext.load() is None
     assert cpu_ext.unavailable_reason.startswith("the CPU lacks avx512f")
+
+
+def test_builds_are_found_in_the_environment_before_the_user_cache(tmp_path):
+    """An engine pod's HOME and cache directory are fresh volumes: the build scripts/setup
+    made in the Python environment must still be found there."""
+    env = {"HOME": str(tmp_path / "home"), "XDG_CACHE_HOME": str(tmp_path / "xdg")}
+    assert cpu_ext.cache_dirs(env, prefix="/opt/venv") == [
+        cpu_ext.Path("/opt/venv/share/preheat/kernels"), tmp_path / "xdg" / "preheat" / "kernels",
+    ]
+    assert cpu_ext.cache_dirs({**env, "PREHEAT_KERNEL_CACHE": "/k"}, prefix="/opt/venv") == [cpu_ext.Path("/k")]
