@@ -116,12 +116,19 @@ def reference_linear(
 
 def pack(qw: QuantizedWeight) -> tuple[torch.Tensor, torch.Tensor]:
     """The kernel's layout: codes [ceil(N/16), K/2, 16, 2] (one 32-byte load = 16 columns x 2
-    inputs, widened to vpdpwssd's operand) and scale/offset pairs [ceil(N/16), K/32, 2, 16]."""
+    inputs, widened to vpdpwssd's operand) and scale/offset pairs [ceil(N/16), K/32, 2, 16].
+    Codes that all fit in 4 bits (a GGUF Q4_1's) stay at 4 bits: [ceil(N/16), K/4, 32], the
+    low nibbles holding input pair 2p and the high ones pair 2p + 1, so such a matrix costs
+    a decode step the bytes it has in the file."""
     n, k = qw.shape
     nb = -(-n // 16)
     pad = nb * 16 - n
-    codes = torch.nn.functional.pad(qw.codes, (0, 0, 0, pad), value=128)
+    four_bit = bool(qw.codes.max() <= 15) if qw.codes.numel() else False
+    codes = torch.nn.functional.pad(qw.codes, (0, 0, 0, pad))  # padded rows have d = m = 0
     codes = codes.reshape(nb, 16, k // 2, 2).permute(0, 2, 1, 3).contiguous()
+    if four_bit:
+        pairs = codes.reshape(nb, k // 4, 2, 32)
+        codes = (pairs[:, :, 0] | (pairs[:, :, 1] << 4)).contiguous()
     scales = torch.nn.functional.pad(qw.scales, (0, 0, 0, pad)).reshape(nb, 16, k // BLOCK).permute(0, 2, 1)
     offsets = torch.nn.functional.pad(qw.offsets, (0, 0, 0, pad)).reshape(nb, 16, k // BLOCK).permute(0, 2, 1)
     return codes, torch.stack((scales, offsets), dim=2).contiguous()

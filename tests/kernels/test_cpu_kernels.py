@@ -137,12 +137,15 @@ def test_bf16_linear_matches_torch(m, n, k, bias, residual, seed):
     dtype=DTYPES,
     bias=st.booleans(),
     residual=st.booleans(),
+    four_bit=st.booleans(),
     seed=st.integers(0, 2**16),
 )
-def test_int8_linear_matches_its_reference(m, n, k, dtype, bias, residual, seed):
+def test_int8_linear_matches_its_reference(m, n, k, dtype, bias, residual, four_bit, seed):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn((m, k), generator=g).to(dtype)
     qw = int8.quantize(torch.randn((n, k), generator=g))
+    if four_bit:  # codes as a GGUF Q4_1 has them
+        qw = int8.QuantizedWeight(qw.codes // 17, qw.scales, (torch.randn(qw.offsets.shape, generator=g) * 0.1).half())
     b = torch.randn(n, generator=g).to(dtype) if bias else None
     r = torch.randn((m, n), generator=g).to(dtype) if residual else None
     codes, scales = int8.pack(qw)
@@ -161,9 +164,11 @@ def test_int8_linear_reads_asymmetric_blocks_like_gguf_q4_1():
         (torch.rand((n, k // 32), generator=g) * 0.1).half(),
         (torch.randn((n, k // 32), generator=g) * 0.1).half(),
     )
-    x = torch.randn((5, k), generator=g)
     codes, scales = int8.pack(qw)
-    close(kernels.linear_int8(x, codes, scales, n), int8.reference_linear(x, int8.dequantize(qw)), torch.float32, 10)
+    assert codes.shape == (3, k // 4, 32)  # kept at 4 bits: half the bytes
+    for rows in (1, 5, 16):
+        x = torch.randn((rows, k), generator=g)
+        close(kernels.linear_int8(x, codes, scales, n), int8.reference_linear(x, int8.dequantize(qw)), torch.float32, 10)
 
 
 @SETTINGS

@@ -155,9 +155,10 @@ at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& codes, const at::T
   TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, "x must be [M, K] with contiguous rows");
   const int64_t M = x.size(0), K = x.size(1), KB = K / 32;
   TORCH_CHECK(K % 32 == 0, "K must be a multiple of 32");
-  TORCH_CHECK(codes.dim() == 4 && codes.is_contiguous() && codes.scalar_type() == at::kByte &&
-                  codes.size(0) == (N + 15) / 16 && codes.size(1) * 2 == K && codes.size(2) == 16 &&
-                  codes.size(3) == 2,
+  const bool eight = codes.dim() == 4 && codes.size(1) * 2 == K && codes.size(2) == 16 && codes.size(3) == 2;
+  const bool four = codes.dim() == 3 && codes.size(1) * 4 == K && codes.size(2) == 32;
+  TORCH_CHECK((eight || four) && codes.is_contiguous() && codes.scalar_type() == at::kByte &&
+                  codes.size(0) == (N + 15) / 16,
               "int8 weight codes do not match x");
   TORCH_CHECK(dm.is_contiguous() && dm.scalar_type() == at::kHalf && dm.numel() == codes.size(0) * KB * 32,
               "int8 weight scales do not match");
@@ -177,6 +178,7 @@ at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& codes, const at::T
   a.xs = xs.data_ptr<float>();
   a.xsum = xsum.data_ptr<float>();
   a.K = K;
+  a.code_bits = eight ? 8 : 4;
   auto y = make_output(x, N, bias, residual, a);
   if (M == 0) return y;
   over_column_blocks(N, [&](int64_t b, int64_t e) { gemm_int8_blocks(a, b, e); });

@@ -11,35 +11,55 @@
 namespace preheat {
 namespace {
 
-constexpr int64_t PREFETCH_PAIRS = 64;  // 2 KB ahead in each stream
+constexpr int64_t PREFETCH_BLOCKS = 4;  // how many blocks of 32 inputs ahead each stream is fetched
 
-template <int MT, int NT>
+// Codes of column block j, input pair kp, widened to 16 bits: [16 columns x 2 inputs].
+// 8-bit codes: 32 bytes per pair. 4-bit codes (a GGUF Q4_1's, kept at their size): 32 bytes
+// per two pairs, the low nibbles holding pair 2p and the high ones pair 2p + 1.
+template <int BITS>
+inline int64_t column_stride(int64_t K2) {
+  return BITS == 8 ? K2 * 32 : K2 * 16;
+}
+
+template <int MT, int NT, int BITS>
 void tile_int8(const GemmArgs& a, int64_t m0, int64_t nb0) {
-  const int64_t K2 = a.K / 2, KB = a.K / 32;
+  const int64_t K2 = a.K / 2, KB = a.K / 32, stride = column_stride<BITS>(K2);
   const int16_t* x = (const int16_t*)a.x + m0 * a.ldx;
-  const uint8_t* w = (const uint8_t*)a.w + nb0 * K2 * 32;
+  const uint8_t* w = (const uint8_t*)a.w + nb0 * stride;
   const uint16_t* dm = a.dm + nb0 * KB * 32;
   const float* xs = a.xs + m0 * KB;
   const float* xsum = a.xsum + m0 * KB;
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  constexpr int64_t block_bytes = BITS == 8 ? 512 : 256;
   __m512 acc[MT][NT];
   for (int i = 0; i < MT; ++i)
     for (int j = 0; j < NT; ++j) acc[i][j] = _mm512_setzero_ps();
   for (int64_t kb = 0; kb < KB; ++kb) {
+    // Each column block is its own stream: ask for its lines early.
+    for (int j = 0; j < NT; ++j) {
+      const uint8_t* ahead = w + j * stride + (kb + PREFETCH_BLOCKS) * block_bytes;
+      for (int64_t line = 0; line < block_bytes; line += 64) _mm_prefetch((const char*)ahead + line, _MM_HINT_T0);
+    }
     __m512i ia[MT][NT];
     for (int i = 0; i < MT; ++i)
       for (int j = 0; j < NT; ++j) ia[i][j] = _mm512_setzero_si512();
-    // Each column block is its own stream of 32 bytes per step: ask for its lines early.
-    for (int j = 0; j < NT; ++j) {
-      const uint8_t* ahead = w + (j * K2 + kb * 16 + PREFETCH_PAIRS) * 32;
-      for (int line = 0; line < 8; ++line) _mm_prefetch((const char*)ahead + line * 64, _MM_HINT_T0);
-    }
-    for (int64_t kp = kb * 16; kp < kb * 16 + 16; ++kp) {
+    for (int64_t kp = kb * 16; kp < kb * 16 + 16; kp += 2) {
+      __m256i raw[NT];
       __m512i wv[NT];
-      for (int j = 0; j < NT; ++j)
-        wv[j] = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(w + (j * K2 + kp) * 32)));
-      for (int i = 0; i < MT; ++i) {
-        const __m512i xb = _mm512_set1_epi32(load_i32(x + i * a.ldx + kp * 2));
-        for (int j = 0; j < NT; ++j) ia[i][j] = _mm512_dpwssd_epi32(ia[i][j], wv[j], xb);
+      for (int half = 0; half < 2; ++half) {
+        for (int j = 0; j < NT; ++j) {
+          if constexpr (BITS == 8) {
+            wv[j] = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(w + j * stride + (kp + half) * 32)));
+          } else {
+            if (half == 0) raw[j] = _mm256_loadu_si256((const __m256i*)(w + j * stride + kp * 16));
+            const __m256i nib = half == 0 ? raw[j] : _mm256_srli_epi16(raw[j], 4);
+            wv[j] = _mm512_cvtepu8_epi16(_mm256_and_si256(nib, low4));
+          }
+        }
+        for (int i = 0; i < MT; ++i) {
+          const __m512i xb = _mm512_set1_epi32(load_i32(x + i * a.ldx + (kp + half) * 2));
+          for (int j = 0; j < NT; ++j) ia[i][j] = _mm512_dpwssd_epi32(ia[i][j], wv[j], xb);
+        }
       }
     }
     for (int j = 0; j < NT; ++j) {
@@ -56,35 +76,38 @@ void tile_int8(const GemmArgs& a, int64_t m0, int64_t nb0) {
   store_tile<MT, NT>(a, acc, m0, nb0);
 }
 
-template <int MT, int NTMAX>
+template <int MT, int NTMAX, int BITS>
 void tile_int8_nt(const GemmArgs& a, int64_t m0, int64_t nb0, int64_t nt) {
-  if constexpr (NTMAX >= 6) { if (nt >= 6) return tile_int8<MT, 6>(a, m0, nb0); }
-  if constexpr (NTMAX >= 5) { if (nt == 5) return tile_int8<MT, 5>(a, m0, nb0); }
-  if constexpr (NTMAX >= 4) { if (nt >= 4) return tile_int8<MT, 4>(a, m0, nb0); }
-  if (nt >= 3) return tile_int8<MT, 3>(a, m0, nb0);
-  if (nt == 2) return tile_int8<MT, 2>(a, m0, nb0);
-  return tile_int8<MT, 1>(a, m0, nb0);
+  if constexpr (NTMAX >= 4) { if (nt >= 4) return tile_int8<MT, 4, BITS>(a, m0, nb0); }
+  if (nt >= 3) return tile_int8<MT, 3, BITS>(a, m0, nb0);
+  if (nt == 2) return tile_int8<MT, 2, BITS>(a, m0, nb0);
+  return tile_int8<MT, 1, BITS>(a, m0, nb0);
 }
 
-constexpr int64_t MT_INT8 = 4;
-
-}  // namespace
-
-void gemm_int8_blocks(const GemmArgs& a, int64_t nb_begin, int64_t nb_end) {
-  const int64_t mt = row_tile(a.M, MT_INT8);
-  // Column tiles as wide as the registers allow for this row tile.
-  const int64_t ntmax = mt == 1 ? 4 : mt <= 3 ? 4 : 3;
+template <int BITS>
+void gemm_int8_bits(const GemmArgs& a, int64_t nb_begin, int64_t nb_end) {
+  const int64_t mt = row_tile(a.M, 4);
+  const int64_t ntmax = mt <= 3 ? 4 : 3;  // column tiles as wide as the registers allow
   for (int64_t nb = nb_begin; nb < nb_end; nb += ntmax) {
     const int64_t nt = imin(ntmax, nb_end - nb);
     for (int64_t m0 = 0; m0 < a.M; m0 += mt) {
       switch (imin(mt, a.M - m0)) {
-        case 4: tile_int8_nt<4, 3>(a, m0, nb, nt); break;
-        case 3: tile_int8_nt<3, 4>(a, m0, nb, nt); break;
-        case 2: tile_int8_nt<2, 4>(a, m0, nb, nt); break;
-        default: tile_int8_nt<1, 6>(a, m0, nb, nt); break;
+        case 4: tile_int8_nt<4, 3, BITS>(a, m0, nb, nt); break;
+        case 3: tile_int8_nt<3, 4, BITS>(a, m0, nb, nt); break;
+        case 2: tile_int8_nt<2, 4, BITS>(a, m0, nb, nt); break;
+        default: tile_int8_nt<1, 4, BITS>(a, m0, nb, nt); break;
       }
     }
   }
+}
+
+}  // namespace
+
+void gemm_int8_blocks(const GemmArgs& a, int64_t nb_begin, int64_t nb_end) {
+  if (a.code_bits == 4)
+    gemm_int8_bits<4>(a, nb_begin, nb_end);
+  else
+    gemm_int8_bits<8>(a, nb_begin, nb_end);
 }
 
 void quantize_rows_int16(const void* x, int64_t ldx, int dtype, int64_t K, int16_t* q, float* scales, float* sums,

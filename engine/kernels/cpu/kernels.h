@@ -62,6 +62,7 @@ struct GemmArgs {
   int64_t ldy;
   int64_t M, N, K;
   int out_dtype;
+  int code_bits;          // int8 only: 8, or 4 for codes that fit (GGUF Q4_1) kept at 4 bits
 };
 // Columns blocks [nb_begin, nb_end) of 16, all rows.
 void gemm_bf16_blocks(const GemmArgs& a, int64_t nb_begin, int64_t nb_end);
@@ -70,7 +71,9 @@ void gemm_bf16_blocks(const GemmArgs& a, int64_t nb_begin, int64_t nb_end);
 // A weight is u8 codes q with, per block of 32 along K, a scale d and an offset m:
 // w = d * q + m (symmetric int8: q = i8 + 128, m = -128 d; GGUF Q4_1: q in 0..15, m = min;
 // Q8_0: like symmetric int8). Packed by int8.py: codes [ceil(N/16), K/2, 16, 2] (32 bytes
-// = 16 columns x 2 inputs, widened to vpdpwssd's operand), dm [ceil(N/16), K/32, 2, 16].
+// = 16 columns x 2 inputs, widened to vpdpwssd's operand) or, when every code fits in 4
+// bits, [ceil(N/16), K/4, 32] (two such steps per 32 bytes: low nibbles, high nibbles);
+// dm [ceil(N/16), K/32, 2, 16].
 // Activations are quantized per row and block of 32 to int16 (scale = absmax / 32767).
 void quantize_rows_int16(const void* x, int64_t ldx, int dtype, int64_t K, int16_t* q, float* scales, float* sums,
                          int64_t m_begin, int64_t m_end);
