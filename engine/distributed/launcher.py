@@ -56,6 +56,7 @@ class TensorParallel:
     def __init__(self, size: int, device: torch.device) -> None:
         self.size, self.device = size, device
         self.rank = 0
+        self.quantization: str | None = None  # --quantization (int8 shards cut at whole blocks)
         self.comm: Comm | None = None
         self.procs: list[subprocess.Popen] = []
         self.failure: TensorParallelFailure | None = None
@@ -84,8 +85,10 @@ class TensorParallel:
 
             from preheat.engine.model.spec import ModelSpec
 
-            check_tp_size(ModelSpec.from_hf_config(AutoConfig.from_pretrained(weights_dir)), size)
+            check_tp_size(ModelSpec.from_hf_config(AutoConfig.from_pretrained(weights_dir)), size,
+                          config.quantization)  # fmt: skip
         tp = cls(size, device)
+        tp.quantization = config.quantization
         atexit.register(tp.close)
         try:
             tp._spawn(config, dtype, weights_dir)
@@ -103,6 +106,7 @@ class TensorParallel:
             "source": config.model,
             "weight_cache_dir": config.weight_cache_dir,
             "dtype": dtype_name(dtype),
+            "quantization": config.quantization,  # each rank quantizes whole matrices, then cuts
         }
         try:
             for rank in range(1, self.size):
@@ -124,7 +128,7 @@ class TensorParallel:
         """After rank 0 loaded the checkpoint: tells the workers where it is (the weight-cache
         directory of a converted GGUF), waits until each has built its shard, and joins the
         process group with them."""
-        check_tp_size(loaded.spec, self.size)
+        check_tp_size(loaded.spec, self.size, self.quantization)
         self._store.set(STORE_PREFIX + "weights", json.dumps({"weights_dir": loaded.hf_dir}))
         self._wait_for("loaded", "to load their shards")
         self.comm = Comm.init(self._store, 0, self.size, self.device, COLLECTIVE_TIMEOUT_S)

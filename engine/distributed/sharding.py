@@ -49,8 +49,11 @@ class HeadSplit:
     kv_count: int
 
 
-def check_tp_size(spec: ModelSpec, size: int) -> None:
-    """Raises TensorParallelError when `spec` cannot be split over `size` ranks."""
+def check_tp_size(spec: ModelSpec, size: int, quantization: str | None = None) -> None:
+    """Raises TensorParallelError when `spec` cannot be split over `size` ranks. With int8
+    weights a row-parallel matrix (o_proj, down_proj) is cut along its input, which only
+    works at its 32-wide blocks; a matrix whose whole input is no multiple of 32 is not
+    quantized (engine/model/quantize.py) and splits like any tensor."""
     if size < 1:
         raise TensorParallelError(f"--tensor-parallel-size must be at least 1, got {size}")
     problems = []
@@ -64,6 +67,14 @@ def check_tp_size(spec: ModelSpec, size: int) -> None:
         problems.append(f"MLP width {spec.intermediate_size}")
     if spec.moe is not None and spec.moe.intermediate_size % size:
         problems.append(f"expert width {spec.moe.intermediate_size}")
+    if quantization == "int8" and not problems:
+        inputs = {"o_proj input": spec.num_heads * spec.head_dim}
+        if has_dense:
+            inputs["MLP width"] = spec.intermediate_size
+        for what, width in inputs.items():
+            if width % BLOCK == 0 and (width // size) % BLOCK:
+                problems.append(f"{what} {width} with --quantization int8 (each rank's {width // size} columns "
+                                f"must be whole blocks of {BLOCK})")
     if problems:
         raise TensorParallelError(
             f"--tensor-parallel-size {size} does not divide this model ({spec.architecture}): "

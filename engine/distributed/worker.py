@@ -82,6 +82,12 @@ def run(args: dict[str, Any]) -> None:
         model_args.update(json.loads(store.get(STORE_PREFIX + "weights")))
     dtype = torch_dtype(model_args["dtype"])
     hf_config, spec, tensors = _load(model_args, dtype)
+    if model_args.get("quantization"):  # as rank 0: whole matrices quantized, then cut
+        from preheat.engine.model.loader import default_model_path
+        from preheat.engine.model.quantize import quantize_weights
+
+        source = model_args["source"] or default_model_path()  # a GGUF's own blocks, as rank 0 reads them
+        tensors = quantize_weights(tensors, spec, source, model_args["quantization"])
     moe_backend = select_moe_backend(device) if spec.moe is not None else "torch"
     # Before the build, as on rank 0: the backend decides the weights' form (packed for the
     # CPU kernels) and whether rows are padded, which every rank's all-reduces must agree on.

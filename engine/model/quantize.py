@@ -5,13 +5,15 @@ as int8 (engine/kernels/int8.py); norms, biases and the embedding lookup stay in
 dtype, and so do the KV cache and the activations. Mixture-of-experts experts and routers
 are not quantized (no int8 grouped-experts kernel yet). A GGUF source gives its quantized blocks
 directly (engine/model/gguf_weights.py); any other source is quantized here, symmetric,
-per block of 32. A matrix whose input size is not a multiple of 32 stays unquantized.
+per block of 32, when the model builder reads it. A matrix whose input size is not a
+multiple of 32 stays unquantized.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -34,42 +36,78 @@ def matrix_names(spec: ModelSpec) -> list[str]:
 
 
 def quantize_weights(
-    hf: dict[str, torch.Tensor], spec: ModelSpec, source: str, method: str
-) -> dict[str, Any]:
-    """A copy of the transformers-named weights with every matrix int8. The LM head of a
-    tied model comes back as "lm_head.weight" (the embedding tensor stays for the lookup)."""
+    hf: Mapping[str, torch.Tensor], spec: ModelSpec, source: str, method: str
+) -> Int8Checkpoint:
+    """The transformers-named weights with every matrix int8, as a mapping that quantizes
+    each matrix when the model builder asks for it: a tensor-parallel worker reading its
+    checkpoint tensor by tensor (engine/distributed/weights.py) keeps doing so, and every
+    rank quantizes the WHOLE matrix before its Sharder cuts its slice, so the slices are
+    exactly the single-rank engine's. The LM head of a tied model comes back as
+    "lm_head.weight" (the embedding tensor stays for the lookup)."""
     if method not in QUANTIZATIONS:
         raise ValueError(f"unknown quantization {method!r}; supported: {', '.join(QUANTIZATIONS)}")
-    started = time.monotonic()
     from_file: dict[str, int8.QuantizedWeight] = {}
     if Path(source).suffix == ".gguf":
         from preheat.engine.model.gguf_weights import read_int8_weights
 
+        started = time.monotonic()
         from_file = read_int8_weights(source, spec.num_heads, spec.num_kv_heads)
         if "lm_head.weight" not in from_file and spec.tie_word_embeddings:
             if "model.embed_tokens.weight" in from_file:
                 from_file["lm_head.weight"] = from_file["model.embed_tokens.weight"]
-    out: dict[str, Any] = dict(hf)
-    kept: list[str] = []
-    counts = {"file": 0, "quantized": 0}
-    for name in matrix_names(spec):
-        if name in from_file:
-            out[name] = from_file[name]
-            counts["file"] += 1
-            continue
-        dense = hf.get(name)
-        if dense is None and name == "lm_head.weight":
-            dense = hf["model.embed_tokens.weight"]
-        if dense is None:  # a mixture-of-experts layer: its experts stay in --dtype
-            continue
+        log.info("int8: %d matrices from the file's blocks in %.1fs", len(from_file), time.monotonic() - started)
+    return Int8Checkpoint(hf, spec, from_file)
+
+
+class Int8Checkpoint(Mapping[str, Any]):
+    """`hf` with its matrices int8 (see quantize_weights): the file's blocks where a GGUF
+    gave them, else quantized on access. The LM head is kept once quantized (the builder
+    looks at it twice); every other matrix is read once."""
+
+    def __init__(self, hf: Mapping[str, torch.Tensor], spec: ModelSpec,
+                 from_file: dict[str, int8.QuantizedWeight]) -> None:  # fmt: skip
+        self.hf, self.from_file = hf, from_file
+        self.matrices = set(matrix_names(spec))
+        self._head: Any = None
+        self.kept: list[str] = []
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self.matrices:
+            return self.hf[name]
+        if name == "lm_head.weight" and self._head is not None:
+            return self._head
+        out = self._quantized(name)
+        if name == "lm_head.weight":
+            self._head = out
+        return out
+
+    def _quantized(self, name: str) -> Any:
+        if name in self.from_file:
+            return self.from_file[name]
+        if name in self.hf:
+            dense = self.hf[name]
+        elif name == "lm_head.weight":  # tied: the LM head is the embedding, quantized
+            dense = self.hf["model.embed_tokens.weight"]
+        else:
+            raise KeyError(name)
         if dense.shape[1] % int8.BLOCK:
-            kept.append(name)
-            continue
-        out[name] = int8.quantize(dense)
-        counts["quantized"] += 1
-    if kept:
-        log.warning("int8: %d matrices have an input size not divisible by %d and stay unquantized: %s",
-                    len(kept), int8.BLOCK, ", ".join(kept[:3]) + (" ..." if len(kept) > 3 else ""))
-    log.info("int8: %d matrices from the file's blocks, %d quantized, in %.1fs",
-             counts["file"], counts["quantized"], time.monotonic() - started)
-    return out
+            if not self.kept:
+                log.warning("int8: a matrix with an input size not divisible by %d stays unquantized: %s",
+                            int8.BLOCK, name)  # fmt: skip
+            self.kept.append(name)
+            return dense
+        return int8.quantize(dense)
+
+    def __contains__(self, name: object) -> bool:
+        if name == "lm_head.weight":
+            return name in self.hf or name in self.from_file or "model.embed_tokens.weight" in self.hf
+        return name in self.hf or name in self.from_file
+
+    def __iter__(self) -> Iterator[str]:
+        names = list(self.hf)
+        if "lm_head.weight" in self and "lm_head.weight" not in self.hf:
+            names.append("lm_head.weight")
+        return iter(names)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)

@@ -53,6 +53,17 @@ def test_two_ranks_generate_what_one_does(family, request, smollm_tokenizer):
         assert generate(two, batch) == want
 
 
+def test_two_ranks_with_int8_weights_generate_what_one_does(tiny_llama_dir, smollm_tokenizer):
+    """Each rank quantizes whole matrices and cuts its slice at block boundaries (a worker
+    quantizes what it reads from the checkpoint itself), so the int8 shards sum to one rank's."""
+    batch = prompts(smollm_tokenizer)
+    with LLM(str(tiny_llama_dir), quantization="int8", **ENGINE) as one:
+        want = generate(one, batch)
+    with LLM(str(tiny_llama_dir), tensor_parallel_size=2, quantization="int8", **ENGINE) as two:
+        assert two.engine.model.layers[0].attn.o.kind.startswith("int8")
+        assert generate(two, batch) == want
+
+
 @pytest.fixture(scope="module")
 def replicated_kv_dir(tmp_path_factory, smollm_tokenizer):
     """4 query heads, 1 KV head (replicated on both ranks), every bias random."""
