@@ -19,6 +19,7 @@ from preheat.engine.tool_parsers import FORMATS
 DTYPES = ("auto", *MODEL_DTYPES)
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3")
 PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")
+SPECULATIVE_METHODS = ("ngram",)
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 TOOL_CALL_PARSERS = ("auto", *FORMATS)
 QUANTIZATIONS = ("int8",)
@@ -98,6 +99,24 @@ class EngineConfig:
         None,
         min=1,
     )
+
+    # --- speculative decoding ---
+    speculative_method: str | None = _opt(
+        "Speculative decoding: 'ngram' drafts the next tokens by prompt lookup (the tokens that "
+        "followed the last n tokens' latest earlier occurrence in prompt + output) and verifies "
+        "them in one batched forward. Empty = off.",
+        None,
+        choices=SPECULATIVE_METHODS,
+    )
+    num_speculative_tokens: int = _opt(
+        "Most draft tokens proposed per sequence and step (with --speculative-method).", 4, min=1, max=64
+    )
+    prompt_lookup_max: int = _opt(
+        "Longest n-gram (the last n tokens) the ngram drafter looks up; longer matches are tried first.",
+        4,
+        min=1,
+    )
+    prompt_lookup_min: int = _opt("Shortest n-gram the ngram drafter looks up.", 2, min=1)
 
     # --- GPU path ---
     cuda_graph_max_bs: int = _opt("Largest decode batch captured as a CUDA graph.", 32, min=1)
@@ -200,6 +219,8 @@ def validate(cfg: EngineConfig) -> None:
             raise ConfigError(f"{flag}: {value} is above the maximum {meta['max']}")
     if cfg.api_key is not None and not cfg.api_key.strip():
         raise ConfigError("--api-key: the key is empty; give a key, or leave the flag and PREHEAT_API_KEY unset")
+    if cfg.prompt_lookup_min > cfg.prompt_lookup_max:
+        raise ConfigError("--prompt-lookup-min must not exceed --prompt-lookup-max")
     if cfg.max_total_tokens is not None and cfg.max_total_tokens < cfg.page_size:
         raise ConfigError("--max-total-tokens must hold at least one page")
 

@@ -43,11 +43,11 @@ from preheat.engine.model.loader import load_model
 from preheat.engine.model.quantize import quantize_weights
 from preheat.engine.request_builder import RequestBuilder, default_stop_ids
 from preheat.engine.request_errors import QueueFull, RequestRejected
-from preheat.engine.runner import BatchEntry, EntryFailed, ModelRunner
-from preheat.engine.sampling import SampleResult
+from preheat.engine.runner import BatchEntry, EntryFailed, EntryTokens, ModelRunner
 from preheat.engine.sampling_params import SamplingParams
 from preheat.engine.scheduler import SeqView, StepPlan, next_tokens_key, plan_step
 from preheat.engine.sequence import RequestOutput, Sequence, Status, TokenLogprob
+from preheat.engine.spec_decode import draft_limit, propose_ngram
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +67,8 @@ class EngineStats:
     preemptions_total: int
     deferred_total: int = 0  # admissions put off a step for a sharer computing their prefix
     failed_total: int = 0  # requests ended by an error of their own (finish_reason "error")
+    spec_draft_tokens_total: int = 0  # speculative draft tokens verified by the model
+    spec_accepted_tokens_total: int = 0  # of those, the ones it accepted
 
     @property
     def kv_usage(self) -> float:
@@ -201,7 +203,7 @@ class Engine:
         self.kv = KVCacheManager(self.pool, radix, tiers, self.fingerprint)
 
         self.grammar_backend: Any = None
-        grammar_masks = None
+        grammar_masks = draft_grammar_masks = None
         try:
             from preheat.engine import structured
 
@@ -209,9 +211,10 @@ class Engine:
                 self.tokenizer, spec.vocab_size, compile_timeout=config.grammar_compile_timeout
             )
             grammar_masks = structured.apply_grammar_masks
+            draft_grammar_masks = structured.apply_draft_grammar_masks
         except ImportError as exc:  # structured output is optional for the core engine
             log.warning("structured output unavailable: %s", exc)
-        self.runner = ModelRunner(self.model, self.pool, self.device, grammar_masks)
+        self.runner = ModelRunner(self.model, self.pool, self.device, grammar_masks, draft_grammar_masks)
         graphs = self.runner.setup_graphs(
             min(config.cuda_graph_max_bs, config.max_num_seqs),
             self.max_model_len,
@@ -240,6 +243,18 @@ class Engine:
         self._calls: list[tuple[Any, tuple, concurrent.futures.Future]] = []
         # The sequences the last plan() looked at: the running ones and the head of the line.
         self._planned: dict[str, Sequence] = {}
+        self.speculative = config.speculative_method is not None
+        self._drafts: dict[str, list[int]] = {}  # this step's proposals, by request id
+        self._spec_draft_tokens = 0
+        self._spec_accepted_tokens = 0
+        self.spec_warmup_seconds = 0.0
+        if self.speculative:
+            log.info(
+                "speculative decoding: %s, up to %d draft tokens, n-grams of %d..%d tokens",
+                config.speculative_method, config.num_speculative_tokens,
+                config.prompt_lookup_min, config.prompt_lookup_max,
+            )
+            self.spec_warmup_seconds = self.warm_speculation()
 
     @property
     def sharding(self) -> dict[str, Any]:
@@ -332,6 +347,8 @@ class Engine:
             preemptions_total=self._preemptions,
             deferred_total=self._deferred,
             failed_total=self._failed,
+            spec_draft_tokens_total=self._spec_draft_tokens,
+            spec_accepted_tokens_total=self._spec_accepted_tokens,
         )
 
     # --- the step: schedule -> apply -> run -> postprocess ---------------------------------
@@ -342,11 +359,11 @@ class Engine:
         if not decode and not extend:
             self._fail_unrunnable(outputs)
             return outputs
-        result = self._run(decode, extend, outputs)
-        outputs.extend(self._postprocess(decode, extend, result))
+        results = self._run(decode, extend, outputs)
+        outputs.extend(self._postprocess(decode, extend, results))
         return outputs
 
-    def _run(self, decode: list[BatchEntry], extend: list[BatchEntry], outputs: list[RequestOutput]) -> SampleResult | None:
+    def _run(self, decode: list[BatchEntry], extend: list[BatchEntry], outputs: list[RequestOutput]) -> list[EntryTokens]:
         """Run: the forward pass and sampling. A sequence whose inputs cannot be prepared is
         failed and the batch prepared again without it; a failure of the forward pass itself
         propagates (the engine is then dead)."""
@@ -360,7 +377,7 @@ class Engine:
                     decode.remove(entry)
                 else:
                     extend.remove(entry)
-        return None
+        return []
 
     def _drain_inbox(self) -> list[RequestOutput]:
         """Takes what other threads handed in: calls to run here, new requests, aborts."""
@@ -383,6 +400,7 @@ class Engine:
 
     def plan(self) -> StepPlan:
         """Schedule: what runs this step, decided by the pure planner over views of the state."""
+        self._drafts = self._propose_drafts() if self.speculative else {}
         running, waiting = self._views()
         return plan_step(
             running, waiting, self.kv.free_pages, self.pool.page_size, self.config.max_num_seqs,
@@ -408,6 +426,7 @@ class Engine:
                     if sharing and s.num_computed % self.pool.page_size == 0
                     else None
                 ),
+                num_draft=len(self._drafts.get(s.request_id, ())),
             )
             for s in self.running
         ]
@@ -425,6 +444,26 @@ class Engine:
                 )
             )
         return running, waiting
+
+    def _propose_drafts(self) -> dict[str, list[int]]:
+        """Speculative decoding: a prompt-lookup draft for each decoding sequence (none for
+        a sequence with no n-gram match or no room left before its length limit). A draft
+        only speeds a request up: when proposing one raises, that sequence decodes without
+        one this step (logged), and nothing else is affected."""
+        cfg = self.config
+        drafts = {}
+        for seq in self.running:
+            if seq.num_computed != seq.num_tokens - 1:
+                continue  # still prefilling
+            try:
+                limit = draft_limit(cfg.num_speculative_tokens, seq.num_tokens, seq.max_total_tokens)
+                draft = propose_ngram(seq.all_token_ids, limit, cfg.prompt_lookup_min, cfg.prompt_lookup_max)
+            except Exception:
+                log.exception("request %s: proposing a draft failed; it decodes without one", seq.request_id)
+                continue
+            if draft:
+                drafts[seq.request_id] = draft
+        return drafts
 
     def _apply(
         self, plan: StepPlan, outputs: list[RequestOutput]
@@ -452,12 +491,18 @@ class Engine:
 
         decode: list[BatchEntry] = []
         extend: list[BatchEntry] = []
+        drafted: list[BatchEntry] = []
         for rid in plan.decode:
             seq = by_id[rid]
             if not self.kv.grow(seq, plan.pages[rid]):
                 self._preempt(seq)
                 continue
-            decode.append(BatchEntry(seq, seq.num_computed, 1, True))
+            draft = self._drafts.get(rid, [])[: plan.drafts.get(rid, 0)]
+            if draft:  # verified as an extend of 1 + len(draft) tokens over its prefix
+                drafted.append(BatchEntry(seq, seq.num_computed, 1 + len(draft), True, draft))
+            else:
+                decode.append(BatchEntry(seq, seq.num_computed, 1, True))
+        extend.extend(drafted)
         for rid, n in plan.extend:
             if rid in failed:
                 continue
@@ -492,37 +537,63 @@ class Engine:
         self._preemptions += 1
 
     def _postprocess(
-        self, decode: list[BatchEntry], extend: list[BatchEntry], result: SampleResult | None
+        self, decode: list[BatchEntry], extend: list[BatchEntry], results: list[EntryTokens]
     ) -> list[RequestOutput]:
         """Records what the forward pass computed and sampled; returns the outputs."""
         outputs = []
         for entry in decode:
             entry.seq.num_computed += 1
         for entry in extend:
+            if entry.draft:
+                continue  # its progress depends on how much of the draft was accepted
             entry.seq.num_computed += entry.length
             try:
                 self.kv.cache_progress(entry.seq)  # concurrent requests can share a prefix at once
             except Exception as exc:
                 outputs.append(self._fail(entry.seq, "caching its prefix", exc))
-        if result is None:
-            return outputs
-        sampled = [e.seq for e in decode + extend if e.sample]
-        for i, seq in enumerate(sampled):
+        for r in results:
+            seq = r.seq
             if seq.finished:
                 continue  # failed above
-            if i in result.failed:
-                outputs.append(self._fail(seq, "sampling", result.failed[i]))
+            if r.error is not None:
+                stage = "verifying its draft" if r.num_draft else "sampling"
+                outputs.append(self._fail(seq, stage, r.error))
                 continue
             try:
-                lp = None
-                if seq.logprobs is not None and result.logprobs is not None:
-                    lp = TokenLogprob(result.token_ids[i], result.logprobs[i], (result.top_logprobs or [[]])[i])
-                outputs.append(self._append_token(seq, result.token_ids[i], lp))
+                if r.num_draft:
+                    # The last known token and the accepted drafts now have verified KV; the
+                    # rejected drafts' KV is dead: pages holding only that go back to the pool.
+                    accepted = len(r.token_ids) - 1
+                    seq.num_computed += 1 + accepted
+                    self._spec_draft_tokens += r.num_draft
+                    self._spec_accepted_tokens += accepted
+                lps: list[TokenLogprob | None] = [None] * len(r.token_ids)
+                if seq.logprobs is not None and r.logprobs is not None:
+                    tops = r.top_logprobs or [[] for _ in r.token_ids]
+                    lps = [TokenLogprob(t, lp, top) for t, lp, top in zip(r.token_ids, r.logprobs, tops)]
+                output = self._append_tokens(seq, r.token_ids, lps)
+                if r.num_draft and seq.status is Status.RUNNING:
+                    self.kv.truncate(seq, seq.num_tokens)
             except Exception as exc:  # the grammar matcher, the detokenizer, stop strings
                 outputs.append(self._fail(seq, "detokenizing", exc))
+                continue
+            outputs.append(output)
         return outputs
 
-    def _append_token(self, seq: Sequence, token: int, lp: TokenLogprob | None) -> RequestOutput:
+    def _append_tokens(self, seq: Sequence, tokens: list[int], lps: list[TokenLogprob | None]) -> RequestOutput:
+        """Appends this step's tokens one by one, as decoding them one per step would: the
+        first that finishes the request (stop token or string, grammar end, length) is the
+        last; the rest are dropped."""
+        for token, lp in zip(tokens, lps):
+            reason = self._append_token(seq, token, lp)
+            if reason is not None:
+                # Draft tokens past this one were computed but are not part of the output.
+                seq.num_computed = min(seq.num_computed, seq.num_tokens)
+                return self._finish(seq, reason)
+        return seq.take_output()
+
+    def _append_token(self, seq: Sequence, token: int, lp: TokenLogprob | None) -> str | None:
+        """Appends one token; returns the finish reason it causes, if any."""
         now = time.monotonic()
         if seq.first_token_time is None:
             seq.first_token_time = now
@@ -543,9 +614,7 @@ class Engine:
                 reason = "stop"
         if reason is None and seq.num_tokens >= seq.max_total_tokens:
             reason = "length"
-        if reason is not None:
-            return self._finish(seq, reason)
-        return seq.take_output()
+        return reason
 
     def _finish(self, seq: Sequence, reason: str) -> RequestOutput:
         self._remove(seq)
@@ -589,6 +658,47 @@ class Engine:
             return
         if self.waiting and self.kv.all_free():
             outputs.append(self._finish(self.waiting[0], "abort"))
+
+    # --- speculative decoding warmup ---------------------------------------------------------
+    def warm_speculation(self) -> float:
+        """Runs the speculative path once per batch size (1, 2, 4, 8, 16, up to
+        --max-num-seqs) before the engine serves: a prefill, then a verify step with a full
+        draft through the extend path, every row's logits and the verify sampler (greedy
+        and sampled rows). The first drafted step of a real request then costs what a steady
+        one does (on CPU oneDNN builds a kernel per matmul shape the first time it sees it;
+        on GPU the eager extend path picks its kernels). Uses pages of its own and leaves
+        the radix cache and the counters alone. Returns the seconds it took."""
+        started = time.monotonic()
+        k = self.config.num_speculative_tokens
+        vocab = self.model_config.vocab_size
+        prompt = [(11 + 7 * i) % vocab for i in range(max(16, k + 1))]
+        if len(prompt) + k + 1 > self.max_model_len:
+            return 0.0
+        ps = self.pool.page_size
+        for bs in (1, 2, 4, 8, 16):
+            if bs > self.config.max_num_seqs:
+                break
+            seqs: list[Sequence] = []
+            try:
+                for i in range(bs):
+                    params = SamplingParams(max_tokens=k + 2, temperature=0.0 if i % 2 else 1.0, ignore_eos=True)
+                    pages = self.kv.alloc(-(-(len(prompt) + k + 1) // ps))
+                    if pages is None:
+                        break
+                    seq = self.requests.build(prompt, params, f"spec-warmup-{bs}-{i}")
+                    seq.pages = pages
+                    seqs.append(seq)
+                if len(seqs) < bs:
+                    break
+                self.runner.run([], [BatchEntry(s, 0, len(prompt) - 1, False) for s in seqs])
+                self.runner.run([], [BatchEntry(s, len(prompt) - 1, 1 + k, True, prompt[:k]) for s in seqs])
+            finally:
+                for s in seqs:
+                    self.pool.free(s.pages)
+                    s.pages = []
+        took = time.monotonic() - started
+        log.info("speculative decoding warmed up in %.2fs", took)
+        return took
 
     # --- warm start: pinning, snapshots (stepping thread; see KVCacheManager) --------------
     def pin_prefix(self, token_ids: list[int]) -> int:

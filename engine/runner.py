@@ -3,6 +3,11 @@
 This is where the GPU path plugs in: a batch of decodes only (every row one token) goes
 through `decode_forward`, which on CUDA replays a captured graph for the padded batch size
 (engine/cuda_graph.py) and elsewhere runs eagerly.
+
+A decoding sequence with a speculative draft (engine/spec_decode.py) comes as an extend
+entry of 1 + len(draft) tokens over its cached prefix: the extend attention path computes
+it, every one of its rows yields logits, and `verify_drafts` keeps what the model agrees
+with. Such a step runs eagerly (plain decode steps keep their CUDA graphs).
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import torch
 from preheat.engine.cuda_graph import CudaGraphRunner, DecodeInputs
 from preheat.engine.kv.pool import KVPool
 from preheat.engine.model.decoder import AttentionMetadata, DecoderModel
-from preheat.engine.sampling import SampleResult, sample
+from preheat.engine.sampling import SampleResult, sample, verify_drafts
 from preheat.engine.sequence import Sequence
 
 
@@ -25,6 +30,24 @@ class BatchEntry:
     start: int  # first position computed this step
     length: int  # tokens computed this step
     sample: bool  # whether this entry's last token produces a new token
+    # Speculative decoding: the draft tokens that follow the sequence's last known token in
+    # this entry (length == 1 + len(draft)); every row of the entry is verified.
+    draft: list[int] | None = None
+
+
+@dataclass
+class EntryTokens:
+    """What one sampled entry yields this step: one token, or with a draft the accepted
+    draft tokens plus the model's own (logprobs per token when the request asked)."""
+
+    seq: Sequence
+    token_ids: list[int]
+    logprobs: list[float] | None
+    top_logprobs: list[list[tuple[int, float]]] | None
+    num_draft: int = 0
+    # Set when this entry's sampling or verification raised: the engine fails that request
+    # alone (token_ids is then empty).
+    error: BaseException | None = None
 
 
 class EntryFailed(Exception):
@@ -38,11 +61,19 @@ class EntryFailed(Exception):
 
 
 class ModelRunner:
-    def __init__(self, model: DecoderModel, pool: KVPool, device: torch.device, grammar_masks: Callable | None) -> None:
+    def __init__(
+        self,
+        model: DecoderModel,
+        pool: KVPool,
+        device: torch.device,
+        grammar_masks: Callable | None,
+        draft_grammar_masks: Callable | None = None,
+    ) -> None:
         self.model = model
         self.pool = pool
         self.device = device
         self.grammar_masks = grammar_masks
+        self.draft_grammar_masks = draft_grammar_masks
         self.graph_runner = None  # set by the CUDA-graph path when it captures
 
     def _page_table(self, seqs: list[Sequence]) -> torch.Tensor:
@@ -60,6 +91,8 @@ class ModelRunner:
         for entry in decode + extend:
             try:
                 tokens = entry.seq.all_token_ids
+                if entry.draft:
+                    tokens = tokens + entry.draft
                 pages = entry.seq.pages
                 entry_ids = tokens[entry.start : entry.start + entry.length]
                 entry_slots = [pages[pos // ps] * ps + pos % ps for pos in range(entry.start, entry.start + entry.length)]
@@ -129,24 +162,58 @@ class ModelRunner:
         )
 
     @torch.inference_mode()
-    def run(self, decode: list[BatchEntry], extend: list[BatchEntry]) -> SampleResult | None:
+    def run(self, decode: list[BatchEntry], extend: list[BatchEntry]) -> list[EntryTokens]:
+        """One forward pass and sampling; returns what each sampled entry yields, in order."""
         input_ids, meta = self.prepare(decode, extend)
         if not extend:
             hidden = self.decode_forward(input_ids, meta)
         else:
             hidden = self.model.forward(input_ids, meta, self.pool)
-        # Only rows that end a sequence's known tokens produce a token.
+        # Rows that end a sequence's known tokens produce a token; with a draft, all its rows.
         rows: list[int] = []
+        plain: list[BatchEntry] = []
+        drafted: list[BatchEntry] = []
         offset = 0
-        sampled: list[Sequence] = []
         for entry in decode + extend:
             offset += entry.length
-            if entry.sample:
+            if entry.sample and not entry.draft:
                 rows.append(offset - 1)
-                sampled.append(entry.seq)
+                plain.append(entry)
+        offset = 0
+        for entry in decode + extend:
+            offset += entry.length
+            if entry.draft:
+                rows.extend(range(offset - entry.length, offset))
+                drafted.append(entry)
         if not rows:
-            return None
-        return self.sample_rows(hidden[torch.tensor(rows, device=self.device)], sampled)
+            return []
+        hidden = hidden[torch.tensor(rows, device=self.device)]
+        out: list[EntryTokens] = []
+        if plain:
+            result = self.sample_rows(hidden[: len(plain)], [e.seq for e in plain])
+            for i, entry in enumerate(plain):
+                if i in result.failed:
+                    out.append(EntryTokens(entry.seq, [], None, None, error=result.failed[i]))
+                    continue
+                out.append(
+                    EntryTokens(
+                        entry.seq,
+                        [result.token_ids[i]],
+                        None if result.logprobs is None else [result.logprobs[i]],
+                        None if result.top_logprobs is None else [result.top_logprobs[i]],
+                    )
+                )
+        if drafted:
+            verified = self.verify_rows(hidden[len(plain) :], drafted)
+            for entry, outcome in zip(drafted, verified):
+                num_draft = len(entry.draft or [])
+                if isinstance(outcome, BaseException):
+                    out.append(EntryTokens(entry.seq, [], None, None, num_draft, error=outcome))
+                else:
+                    out.append(
+                        EntryTokens(entry.seq, outcome.token_ids, outcome.logprobs, outcome.top_logprobs, num_draft)
+                    )
+        return out
 
     def sample_rows(self, hidden: torch.Tensor, seqs: list[Sequence]) -> SampleResult:
         """One token per row. Sampling is batched; when the batch raises (one request's
@@ -166,6 +233,30 @@ class ModelRunner:
             except Exception as exc:
                 rows.append(exc)
         return merge_rows(rows)
+
+    def verify_rows(
+        self, hidden: torch.Tensor, entries: list[BatchEntry]
+    ) -> list[SampleResult | BaseException]:
+        """The drafted entries' tokens (their rows back to back in `hidden`), verified as one
+        batch; when that raises, each entry is verified alone from fresh logits, so only a
+        request whose own sampling or grammar raises fails (as `sample_rows` does)."""
+        drafts = [e.draft or [] for e in entries]
+        logits = self.model.logits(hidden)
+        try:
+            return list(verify_drafts(logits, [e.seq for e in entries], drafts, self.draft_grammar_masks))
+        except Exception:
+            pass
+        logits = self.model.logits(hidden)  # the batched attempt changed them in place
+        outcomes: list[SampleResult | BaseException] = []
+        start = 0
+        for entry, draft in zip(entries, drafts):
+            end = start + len(draft) + 1
+            try:
+                outcomes.extend(verify_drafts(logits[start:end], [entry.seq], [draft], self.draft_grammar_masks))
+            except Exception as exc:
+                outcomes.append(exc)
+            start = end
+        return outcomes
 
 
 def merge_rows(rows: list[SampleResult | BaseException]) -> SampleResult:

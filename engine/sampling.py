@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 import torch
 
+from preheat.engine import spec_decode
 from preheat.engine.sampling_params import SamplingParams
 
 
@@ -108,16 +109,51 @@ def apply_top_k_top_p_min_p(
     return logits
 
 
-def sample(logits: torch.Tensor, rows: Sequence[SamplingRow], grammar_masks=None) -> SampleResult:
-    """logits [B, V] float32 (modified in place) -> one token per row."""
-    device = logits.device
+def process_logits(logits: torch.Tensor, rows: Sequence[SamplingRow], grammar_masks=None) -> None:
+    """In place: penalties, logit bias, then grammar masks (which have the last word)."""
     params = [r.params for r in rows]
     if any(p.needs_penalties for p in params):
         apply_penalties(logits, rows)
     if any(p.logit_bias for p in params):
-        apply_logit_bias(logits, rows)  # before the grammar mask, which has the last word
+        apply_logit_bias(logits, rows)
     if grammar_masks is not None and any(r.matcher is not None for r in rows):
         grammar_masks(logits, [r.matcher for r in rows])
+
+
+def target_probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+    """The distribution each row samples from: temperature (greedy rows get 1), then
+    top-k / top-p / min-p, then softmax."""
+    device = logits.device
+    temps = torch.tensor([1.0 if p.greedy else p.temperature for p in params], device=device)
+    scaled = logits / temps[:, None]
+    scaled = apply_top_k_top_p_min_p(
+        scaled,
+        torch.tensor([p.top_k for p in params], device=device),
+        torch.tensor([p.top_p for p in params], device=device, dtype=scaled.dtype),
+        torch.tensor([p.min_p for p in params], device=device, dtype=scaled.dtype),
+    )
+    return scaled.softmax(-1)
+
+
+def _top_logprobs(
+    logprobs_all: torch.Tensor, params: Sequence[SamplingParams]
+) -> list[list[tuple[int, float]]]:
+    max_top = max((p.logprobs or 0) for p in params)
+    tops: list[list[tuple[int, float]]] = [[] for _ in params]
+    if max_top > 0:
+        values, indices = logprobs_all.topk(max_top, dim=-1)
+        values_l, indices_l = values.tolist(), indices.tolist()
+        for i, p in enumerate(params):
+            k = p.logprobs or 0
+            tops[i] = list(zip(indices_l[i][:k], values_l[i][:k]))
+    return tops
+
+
+def sample(logits: torch.Tensor, rows: Sequence[SamplingRow], grammar_masks=None) -> SampleResult:
+    """logits [B, V] float32 (modified in place) -> one token per row."""
+    device = logits.device
+    params = [r.params for r in rows]
+    process_logits(logits, rows, grammar_masks)
 
     want_logprobs = any(p.logprobs is not None for p in params)
     logprobs_all = logits.log_softmax(-1) if want_logprobs else None
@@ -125,15 +161,7 @@ def sample(logits: torch.Tensor, rows: Sequence[SamplingRow], grammar_masks=None
     greedy = torch.tensor([p.greedy for p in params], device=device)
     chosen = logits.argmax(-1)
     if not bool(greedy.all()):
-        temps = torch.tensor([1.0 if p.greedy else p.temperature for p in params], device=device)
-        scaled = logits / temps[:, None]
-        scaled = apply_top_k_top_p_min_p(
-            scaled,
-            torch.tensor([p.top_k for p in params], device=device),
-            torch.tensor([p.top_p for p in params], device=device, dtype=scaled.dtype),
-            torch.tensor([p.min_p for p in params], device=device, dtype=scaled.dtype),
-        )
-        probs = scaled.softmax(-1)
+        probs = target_probs(logits, params)
         # Exponential race (equivalent to sampling from probs): argmax(p / E), E ~ Exp(1),
         # each row's E drawn from its own generator.
         noise = torch.empty_like(probs)
@@ -149,12 +177,58 @@ def sample(logits: torch.Tensor, rows: Sequence[SamplingRow], grammar_masks=None
     if logprobs_all is None:
         return SampleResult(token_ids, None, None)
     chosen_lp = logprobs_all.gather(1, chosen[:, None]).squeeze(1).tolist()
-    max_top = max((p.logprobs or 0) for p in params)
-    tops: list[list[tuple[int, float]]] = [[] for _ in rows]
-    if max_top > 0:
-        values, indices = logprobs_all.topk(max_top, dim=-1)
-        values_l, indices_l = values.tolist(), indices.tolist()
-        for i, p in enumerate(params):
-            k = p.logprobs or 0
-            tops[i] = list(zip(indices_l[i][:k], values_l[i][:k]))
-    return SampleResult(token_ids, chosen_lp, tops)
+    return SampleResult(token_ids, chosen_lp, _top_logprobs(logprobs_all, params))
+
+
+@dataclass
+class DraftPosition:
+    """One position of a sequence whose draft is being verified: the sampler sees the
+    sequence as if the draft's first tokens were already output (penalties count them)."""
+
+    params: SamplingParams
+    generator: torch.Generator
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    matcher: Any = None
+
+
+def verify_drafts(
+    logits: torch.Tensor, rows: Sequence[SamplingRow], drafts: Sequence[Sequence[int]], draft_grammar_masks=None
+) -> list[SampleResult]:
+    """logits [sum(len(d) + 1), V] float32 (modified in place): for each sequence, the rows
+    after its last known token and after each draft token, back to back. Every row is
+    processed as decoding would process it at that position (penalties over the output plus
+    the draft so far, logit bias, the grammar advanced through the draft), then the draft is
+    accepted or rejected (engine/spec_decode.py). Returns, per sequence, the tokens this step
+    yields (at least one) with their logprobs when asked."""
+    positions: list[DraftPosition] = []
+    starts: list[int] = []
+    for row, draft in zip(rows, drafts):
+        starts.append(len(positions))
+        for i in range(len(draft) + 1):
+            output = row.output_token_ids + list(draft[:i]) if i else row.output_token_ids
+            positions.append(DraftPosition(row.params, row.generator, row.prompt_token_ids, output))
+    process_logits(logits, positions)
+    if draft_grammar_masks is not None and any(r.matcher is not None for r in rows):
+        draft_grammar_masks(logits, [(s, r.matcher, d) for s, r, d in zip(starts, rows, drafts)])
+
+    params = [p.params for p in positions]
+    logprobs_all = logits.log_softmax(-1) if any(p.logprobs is not None for p in params) else None
+    argmax = logits.argmax(-1).tolist()
+    probs = None if all(p.greedy for p in params) else target_probs(logits, params)
+
+    results = []
+    for row, draft, start in zip(rows, drafts, starts):
+        end = start + len(draft) + 1
+        if row.params.greedy:
+            tokens = spec_decode.accept_greedy(argmax[start:end], draft)
+        else:
+            assert probs is not None
+            tokens = spec_decode.accept_sampled(probs[start:end], draft, row.generator)
+        if logprobs_all is None or row.params.logprobs is None:
+            results.append(SampleResult(tokens, None, None))
+            continue
+        used = logprobs_all[start : start + len(tokens)]
+        chosen = used.gather(1, torch.tensor(tokens, device=used.device)[:, None]).squeeze(1).tolist()
+        results.append(SampleResult(tokens, chosen, _top_logprobs(used, [row.params] * len(tokens))))
+    return results

@@ -1,6 +1,7 @@
 """Which requests run in the next step: a pure function over small views of the state.
 
-One step runs a mixed batch: every running sequence that is decoding gets one token, and a
+One step runs a mixed batch: every running sequence that is decoding gets one token (plus,
+with speculative decoding, KV slots for its draft tokens), and a
 budget of prompt tokens (`chunked_prefill_size`) goes first to sequences part-way through
 their prompt, then to waiting requests in arrival order. A long prompt is cut into chunks,
 so running decodes never wait for a whole prefill. When the pool cannot hold the decodes'
@@ -40,6 +41,9 @@ class SeqView:
     # The prompt tokens this sequence computes next (see next_tokens_key); None when fewer
     # than SHARED_PREFIX_CHECK_TOKENS prompt tokens are left to compute.
     next_tokens_key: int | None = None
+    # decoding only: draft tokens proposed for this step (speculative decoding); they need
+    # KV slots (pages) like the token itself.
+    num_draft: int = 0
 
 
 @dataclass
@@ -50,6 +54,7 @@ class StepPlan:
     preempt: list[str] = field(default_factory=list)
     pages: dict[str, int] = field(default_factory=dict)  # pages each scheduled seq must get
     deferred: list[str] = field(default_factory=list)  # waiting: another computes their prefix
+    drafts: dict[str, int] = field(default_factory=dict)  # decodes: draft tokens granted pages
 
     @property
     def empty(self) -> bool:
@@ -80,6 +85,13 @@ def next_tokens_key(token_ids: Sequence[int], start: int, prompt_len: int) -> in
     return hash((start, tuple(token_ids[start:end])))
 
 
+def _decode_pages(decoding: list[SeqView], page_size: int, with_drafts: bool) -> dict[str, int]:
+    return {
+        s.seq_id: max(0, pages_for(s.num_computed + 1 + (s.num_draft if with_drafts else 0), page_size) - s.num_pages)
+        for s in decoding
+    }
+
+
 def plan_step(
     running: list[SeqView],
     waiting: list[SeqView],
@@ -94,8 +106,13 @@ def plan_step(
     decoding = [s for s in running if s.num_computed == s.num_tokens - 1]
     prefilling = [s for s in running if s.num_computed < s.num_tokens - 1]
 
-    # Decodes first: each needs a page when its next token starts a new one.
-    need = {s.seq_id: pages_for(s.num_computed + 1, page_size) - s.num_pages for s in decoding}
+    # Decodes first: each needs a page when its next token (or a draft token) starts a new one.
+    # Drafts only speed decoding up: when the pool cannot hold them all, none are verified
+    # this step rather than preempting anyone for them.
+    need = _decode_pages(decoding, page_size, with_drafts=True)
+    drafting = sum(need.values()) <= free_pages
+    if not drafting:
+        need = _decode_pages(decoding, page_size, with_drafts=False)
     kept = list(running)
     while sum(need[s.seq_id] for s in kept if s.seq_id in need) > free_pages and len(kept) > 1:
         victim = kept.pop()  # newest admitted goes first: it has the least work to redo
@@ -107,6 +124,8 @@ def plan_step(
             plan.decode.append(s.seq_id)
             plan.pages[s.seq_id] = need[s.seq_id]
             free_pages -= need[s.seq_id]
+            if drafting and s.num_draft:
+                plan.drafts[s.seq_id] = s.num_draft
     if plan.preempt:
         # A step that had to preempt admits nothing: the pool is under pressure.
         kept_ids = {s.seq_id for s in kept}
@@ -115,6 +134,7 @@ def plan_step(
     if free_pages < 0:  # one sequence alone exceeds the pool: nothing can run it
         plan.decode.clear()
         plan.pages.clear()
+        plan.drafts.clear()
         return plan
 
     budget = chunk_budget

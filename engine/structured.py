@@ -87,6 +87,12 @@ class Matcher:
         """True when the text so far is a full match (a stop token may come next)."""
         return bool(self._m.is_completed())
 
+    def rollback(self, num_tokens: int) -> None:
+        """Undoes the last num_tokens accepted tokens (speculative decoding looks ahead
+        through a draft, then returns to the verified state)."""
+        if num_tokens > 0:
+            self._m.rollback(num_tokens)
+
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
         if self._m.is_terminated():
             # xgrammar refuses to fill after termination; only a stop token makes sense now.
@@ -247,6 +253,38 @@ def apply_grammar_masks(logits: torch.Tensor, matchers: Sequence[Matcher | None]
     bitmask = xgr.allocate_token_bitmask(len(matchers), vocab)
     for i in rows:
         matchers[i].fill_bitmask(bitmask, i)  # type: ignore[union-attr]
+    if logits.device.type != "cpu":
+        bitmask = bitmask.to(logits.device, non_blocking=True)
+    xgr.apply_token_bitmask_inplace(logits, bitmask, vocab_size=vocab, indices=rows)
+
+
+def apply_draft_grammar_masks(
+    logits: torch.Tensor, groups: Sequence[tuple[int, Matcher | None, Sequence[int]]]
+) -> None:
+    """Grammar masks for speculative verification, in place. Each group is (first row,
+    matcher, draft): rows first .. first + len(draft) hold the positions after the draft's
+    first 0, 1, ... tokens, so row first + i is masked with the grammar advanced through
+    draft[:i]. The matcher is rolled back to where it was: the engine advances it through
+    the tokens actually accepted. A draft token the grammar refuses is masked out at its own
+    row, so it is rejected there and the rows after it are never read (they stay unmasked)."""
+    vocab = logits.shape[-1]
+    bitmask = xgr.allocate_token_bitmask(logits.shape[0], vocab)
+    rows: list[int] = []
+    for first, matcher, draft in groups:
+        if matcher is None:
+            continue
+        advanced = 0
+        try:
+            for i in range(len(draft) + 1):
+                matcher.fill_bitmask(bitmask, first + i)
+                rows.append(first + i)
+                if i == len(draft) or not matcher.accept_token(draft[i]):
+                    break
+                advanced += 1
+        finally:  # also when it raises: the runner then verifies each request alone
+            matcher.rollback(advanced)
+    if not rows:
+        return
     if logits.device.type != "cpu":
         bitmask = bitmask.to(logits.device, non_blocking=True)
     xgr.apply_token_bitmask_inplace(logits, bitmask, vocab_size=vocab, indices=rows)

@@ -89,6 +89,17 @@ class KVCacheManager:
         seq.pages.extend(pages)
         return True
 
+    def truncate(self, seq: Sequence, num_tokens: int) -> None:
+        """Frees the pages past those holding the first num_tokens tokens: after speculative
+        decoding rejected draft tokens, pages that held only their KV go back to the pool
+        (rejected KV in a kept page is overwritten when those positions are computed again).
+        Never touches shared pages: they hold computed, verified tokens only."""
+        keep = max(-(-num_tokens // self.pool.page_size), seq.num_shared)
+        extra = seq.pages[keep:]
+        if extra:
+            del seq.pages[keep:]
+            self.pool.free(extra)
+
     # --- a sequence's life ---------------------------------------------------------------
     def peek_prefix(self, token_ids: list[int]) -> CachedPrefix:
         """The cached prefix a waiting request would start from (for the planner); touches
