@@ -47,7 +47,7 @@ from preheat.engine.runner import BatchEntry, EntryFailed, EntryTokens, ModelRun
 from preheat.engine.sampling_params import SamplingParams
 from preheat.engine.scheduler import SeqView, StepPlan, next_tokens_key, plan_step
 from preheat.engine.sequence import RequestOutput, Sequence, Status, TokenLogprob
-from preheat.engine.spec_decode import draft_limit, propose_ngram
+from preheat.engine.spec_decode import NgramDrafter, draft_limit
 
 log = logging.getLogger(__name__)
 
@@ -244,6 +244,7 @@ class Engine:
         # The sequences the last plan() looked at: the running ones and the head of the line.
         self._planned: dict[str, Sequence] = {}
         self.speculative = config.speculative_method is not None
+        self.drafter = NgramDrafter(config.prompt_lookup_min, config.prompt_lookup_max)
         self._drafts: dict[str, list[int]] = {}  # this step's proposals, by request id
         self._spec_draft_tokens = 0
         self._spec_accepted_tokens = 0
@@ -457,7 +458,7 @@ class Engine:
                 continue  # still prefilling
             try:
                 limit = draft_limit(cfg.num_speculative_tokens, seq.num_tokens, seq.max_total_tokens)
-                draft = propose_ngram(seq.all_token_ids, limit, cfg.prompt_lookup_min, cfg.prompt_lookup_max)
+                draft = self.drafter.propose(seq.all_token_ids, limit)[:limit] if limit else []
             except Exception:
                 log.exception("request %s: proposing a draft failed; it decodes without one", seq.request_id)
                 continue

@@ -27,8 +27,37 @@ class GenerationResult:
         return [self]
 
 
+# vLLM's `speculative_config` keys -> our settings (the same names as flat keyword arguments).
+_SPECULATIVE_KEYS = {
+    "method": "speculative_method",
+    "num_speculative_tokens": "num_speculative_tokens",
+    "prompt_lookup_max": "prompt_lookup_max",
+    "prompt_lookup_min": "prompt_lookup_min",
+}
+
+
+def speculative_settings(speculative_config: dict[str, Any] | None) -> dict[str, Any]:
+    """vLLM's `LLM(speculative_config={"method": "ngram", "num_speculative_tokens": 4,
+    "prompt_lookup_max": 4})` as EngineConfig fields; unknown keys are refused."""
+    if not speculative_config:
+        return {}
+    unknown = sorted(set(speculative_config) - set(_SPECULATIVE_KEYS))
+    if unknown:
+        raise ValueError(f"speculative_config: unsupported key(s) {', '.join(unknown)}; "
+                         f"supported: {', '.join(_SPECULATIVE_KEYS)}")
+    return {_SPECULATIVE_KEYS[k]: v for k, v in speculative_config.items()}
+
+
 class LLM:
-    def __init__(self, model: str | None = None, dtype: str = "auto", page_size: int = 16, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        model: str | None = None,
+        dtype: str = "auto",
+        page_size: int = 16,
+        speculative_config: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        kwargs.update(speculative_settings(speculative_config))
         self.engine = Engine(EngineConfig(model=model, dtype=dtype, page_size=page_size, **kwargs))
 
     @property

@@ -88,6 +88,16 @@ class Metrics:
             "Admissions put off one step because another request was computing the same uncached prefix.",
             registry=r,
         )
+        self.spec_draft_tokens = Counter(
+            "preheat_spec_draft_tokens",
+            "Speculative decoding: draft tokens verified by the model (--speculative-method).",
+            registry=r,
+        )
+        self.spec_accepted_tokens = Counter(
+            "preheat_spec_accepted_tokens",
+            "Speculative decoding: draft tokens the model accepted (each one a decode step saved).",
+            registry=r,
+        )
         self.num_waiting = Gauge(
             "preheat_num_requests_waiting", "Requests queued for admission.", registry=r
         )
@@ -168,7 +178,12 @@ class Metrics:
         self._tier_seen = {t: 0 for t in TIERS}
         self._disk_evictions_seen = 0
         self._tier_errors_seen: dict[tuple[str, str], int] = {}
-        self._scheduler_seen = {"preemptions_total": 0, "deferred_total": 0}
+        self._scheduler_seen = {
+            "preemptions_total": 0,
+            "deferred_total": 0,
+            "spec_draft_tokens_total": 0,
+            "spec_accepted_tokens_total": 0,
+        }
         for t in TIERS:
             self.kv_tier_hit_tokens.labels(tier=t)  # exported as 0 before the first hit
         self.set_phase("loading")
@@ -201,7 +216,12 @@ class Metrics:
 
     def record_scheduler(self, stats: object) -> None:
         """Moves the engine's running totals into the counters (by their increase)."""
-        for attr, counter in (("preemptions_total", self.preemptions), ("deferred_total", self.deferred)):
+        for attr, counter in (
+            ("preemptions_total", self.preemptions),
+            ("deferred_total", self.deferred),
+            ("spec_draft_tokens_total", self.spec_draft_tokens),
+            ("spec_accepted_tokens_total", self.spec_accepted_tokens),
+        ):
             now = getattr(stats, attr, None)
             if isinstance(now, int) and now > self._scheduler_seen[attr]:
                 counter.inc(now - self._scheduler_seen[attr])

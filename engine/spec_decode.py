@@ -52,6 +52,19 @@ def propose_ngram(token_ids: Sequence[int], num_tokens: int, lookup_min: int, lo
     return []
 
 
+class NgramDrafter:
+    """The `ngram` method's drafter, configured once (--prompt-lookup-min/max). The engine
+    calls `propose(token_ids, num_tokens)` for each decoding sequence every step; anything
+    with that method can stand in (tests use an oracle to drive acceptance)."""
+
+    def __init__(self, lookup_min: int, lookup_max: int) -> None:
+        self.lookup_min = lookup_min
+        self.lookup_max = lookup_max
+
+    def propose(self, token_ids: Sequence[int], num_tokens: int) -> list[int]:
+        return propose_ngram(token_ids, num_tokens, self.lookup_min, self.lookup_max)
+
+
 def draft_limit(num_speculative_tokens: int, num_tokens: int, max_total_tokens: int) -> int:
     """Most draft tokens a sequence may verify this step: accepted drafts plus the model's own
     token must not run past the request's length limit."""

@@ -50,3 +50,18 @@ def tiny_mixtral_dir(tmp_path_factory, smollm_tokenizer) -> Path:
 @pytest.fixture(scope="session")
 def tiny_mistral_dir(tmp_path_factory, smollm_tokenizer) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("tiny-mistral"), "mistral", smollm_tokenizer)
+
+
+# A 64-token vocabulary (special tokens, punctuation, digits, capitals of the SmolLM2
+# tokenizer) makes a random model repeat itself, as speculative-decoding tests need.
+SMALL_VOCAB = 64
+
+
+@pytest.fixture(scope="session")
+def small_vocab_llama_dir(tmp_path_factory, smollm_tokenizer) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-llama-v64"), "llama", smollm_tokenizer, vocab_size=SMALL_VOCAB)
+
+
+@pytest.fixture(scope="session")
+def small_vocab_qwen2_dir(tmp_path_factory, smollm_tokenizer) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-qwen2-v64"), "qwen2", smollm_tokenizer, vocab_size=SMALL_VOCAB)

@@ -16,6 +16,7 @@ REQUIRED = [
     "preheat_num_requests_running", "preheat_num_requests_waiting",
     "preheat_kv_cache_usage_ratio", "preheat_ready",
     "preheat_num_preemptions", "preheat_prefill_deferred",
+    "preheat_spec_draft_tokens", "preheat_spec_accepted_tokens",
     # registered for the warm-start code
     "preheat_cuda_graph_capture_seconds", "preheat_warmup_seconds", "preheat_warmup_requests",
     "preheat_snapshot_restored_tokens", "preheat_snapshot_restore_seconds",
@@ -91,3 +92,19 @@ def test_scheduler_totals_become_counters_that_only_count_increases():
         m.record_scheduler(SimpleNamespace(preemptions_total=preempted, deferred_total=deferred))
     assert registry.get_sample_value("preheat_num_preemptions_total") == 5
     assert registry.get_sample_value("preheat_prefill_deferred_total") == 4
+
+
+def test_speculative_totals_become_the_spec_counters():
+    from types import SimpleNamespace
+
+    from prometheus_client import CollectorRegistry
+
+    from preheat.engine.metrics import Metrics
+
+    registry = CollectorRegistry()
+    m = Metrics(registry)
+    assert registry.get_sample_value("preheat_spec_draft_tokens_total") == 0  # exported before any
+    for drafted, accepted in [(0, 0), (8, 3), (8, 3), (20, 11)]:
+        m.record_scheduler(SimpleNamespace(spec_draft_tokens_total=drafted, spec_accepted_tokens_total=accepted))
+    assert registry.get_sample_value("preheat_spec_draft_tokens_total") == 20
+    assert registry.get_sample_value("preheat_spec_accepted_tokens_total") == 11
