@@ -78,8 +78,8 @@ class Mode:
 
 
 QUICK = Mode(
-    (Workload("plain", 128, 32), Workload("shared prefix", 64, 32, prefix_tokens=512)),
-    (1, 8, 16), requests_per_stream=1, min_requests=3, rounds=1,
+    (Workload("plain", 128, 16), Workload("shared prefix", 64, 16, prefix_tokens=512)),
+    (1, 8, 16), requests_per_stream=1, min_requests=2, rounds=1,
 )
 FULL = Mode(
     (Workload("plain", 256, 64), Workload("shared prefix", 128, 64, prefix_tokens=640)),
@@ -114,10 +114,18 @@ class Result:
     output_tokens_mean: float
 
 
+    @property
+    def decode_share(self) -> float:
+        """Of a request's time, the part spent decoding after the first token."""
+        decode = self.itl_p50 * max(0.0, self.output_tokens_mean - 1)
+        return decode / max(1e-9, decode + self.ttft_p50)
+
+
 @dataclass
 class Run:
     results: list[Result] = field(default_factory=list)
     loads: list[tuple[str, float]] = field(default_factory=list)  # (when, 1-min load average)
+    spec: dict[str, tuple[float, float]] = field(default_factory=dict)  # server -> (drafted, accepted)
 
 
 # --------------------------------------------------------------------------- the weights
@@ -229,7 +237,7 @@ class Running:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, 15)
             try:
-                self.proc.wait(60)
+                self.proc.wait(20)
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, 9)
                 self.proc.wait()
@@ -297,6 +305,22 @@ def parse_report(report: dict, server: str, workload: str, streams: int, round_:
 # --------------------------------------------------------------------------- the report
 
 
+def spec_counters(url: str) -> tuple[float, float] | None:
+    """(draft, accepted) tokens from a Preheat server's /metrics; None for other servers."""
+    try:
+        text = httpx.get(url + "/metrics", timeout=10).text
+    except httpx.HTTPError:
+        return None
+    values = {}
+    for line in text.splitlines():
+        if line.startswith(("preheat_spec_draft_tokens_total ", "preheat_spec_accepted_tokens_total ")):
+            name, value = line.split()
+            values[name] = float(value)
+    if len(values) < 2:
+        return None
+    return values["preheat_spec_draft_tokens_total"], values["preheat_spec_accepted_tokens_total"]
+
+
 def load_average() -> float:
     return os.getloadavg()[0]
 
@@ -331,8 +355,9 @@ def write_report(run: Run, mode_name: str, mode: Mode, names: list[str], wall: f
         )
         + f". Requests per run: max({mode.min_requests}, {mode.requests_per_stream} x streams).",
         "",
-        "| workload | streams | server | output tok/s | x peer | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | out tok/req | errors |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| workload | streams | server | output tok/s | x peer | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms "
+        "| out tok/req | decode share | errors |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for w in mode.workloads:
         for streams in mode.streams:
@@ -347,8 +372,19 @@ def write_report(run: Run, mode_name: str, mode: Mode, names: list[str], wall: f
                 lines.append(
                     f"| {w.name} | {streams} | {name} | {tps:.1f} | {ratio} | {median_of(rs, 'ttft_p50'):.0f} | "
                     f"{median_of(rs, 'ttft_p99'):.0f} | {median_of(rs, 'itl_p50'):.1f} | {median_of(rs, 'itl_p99'):.1f} | "
-                    f"{median_of(rs, 'output_tokens_mean'):.0f} | {sum(r.errors for r in rs)} |"
+                    f"{median_of(rs, 'output_tokens_mean'):.0f} | {median_of(rs, 'decode_share'):.0%} | "
+                    f"{sum(r.errors for r in rs)} |"
                 )
+    lines += [
+        "",
+        "*decode share*: of a typical request's time (TTFT p50 + ITL p50 x (tokens - 1)), the part "
+        "spent decoding after the first token: where it is high, the decode step decides tokens/s.",
+    ]
+    for name, (drafted, accepted) in run.spec.items():
+        lines.append(
+            f"\n{name}: {accepted:.0f} of {drafted:.0f} draft tokens accepted "
+            f"({accepted / max(1.0, drafted):.0%}; `preheat_spec_*_total` over all its workloads)."
+        )
     lines += ["", "## The issue's goals (8+ streams)", ""]
     lines += goals(groups, mode, names)
     text = "\n".join(lines) + "\n"
@@ -417,6 +453,10 @@ def main(argv: list[str] | None = None) -> int:
                         print(f"  {w.name:14s} {streams:2d} streams: {result.output_tps:7.1f} tok/s, "
                               f"TTFT p50 {result.ttft_p50:6.0f} ms, ITL p50 {result.itl_p50:6.1f} ms "
                               f"({time.monotonic() - t0:.0f}s, load {run.loads[-1][1]:.1f})", flush=True)
+                counters = spec_counters(running.url) if "ngram" in server.name else None
+                if counters is not None:
+                    before = run.spec.get(server.name, (0.0, 0.0))
+                    run.spec[server.name] = (before[0] + counters[0], before[1] + counters[1])
             finally:
                 running.stop()
     wall = time.monotonic() - started
