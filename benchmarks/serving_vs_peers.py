@@ -1,6 +1,6 @@
 """Preheat against a peer server, measured in one run with guidellm.
 
-    .venv/bin/pip install guidellm==0.8.1            # the benchmark's own tools, not in [test]
+    .venv/bin/pip install 'guidellm==0.8.1'          # or -e '.[bench]'; never part of [test]
     .venv/bin/python benchmarks/serving_vs_peers.py --quick      # validates the setup (~15 min)
     .venv/bin/python benchmarks/serving_vs_peers.py              # the full run, for a quiet machine
 
