@@ -662,21 +662,22 @@ class Engine:
 
     # --- speculative decoding warmup ---------------------------------------------------------
     def warm_speculation(self) -> float:
-        """Runs the speculative path once per batch size (1, 2, 4, 8, 16, up to
-        --max-num-seqs) before the engine serves: a prefill, then a verify step with a full
-        draft through the extend path, every row's logits and the verify sampler (greedy
-        and sampled rows). The first drafted step of a real request then costs what a steady
-        one does (on CPU oneDNN builds a kernel per matmul shape the first time it sees it;
-        on GPU the eager extend path picks its kernels). Uses pages of its own and leaves
+        """Runs the speculative path at batch sizes 1, 2 and 4 (up to --max-num-seqs) before
+        the engine serves: a short prefill, then a verify step with a full draft through the
+        extend path, every row's logits and the verify sampler (greedy and sampled rows). The
+        first drafted steps after /ready then cost what steady ones do (on CPU oneDNN builds
+        a kernel per matmul shape the first time it sees it; on GPU the eager extend path
+        picks its kernels). Bigger batches are left to traffic and warmup templates: each
+        size here is a real forward pass of start-up time. Uses pages of its own and leaves
         the radix cache and the counters alone. Returns the seconds it took."""
         started = time.monotonic()
         k = self.config.num_speculative_tokens
         vocab = self.model_config.vocab_size
-        prompt = [(11 + 7 * i) % vocab for i in range(max(16, k + 1))]
+        prompt = [(11 + 7 * i) % vocab for i in range(max(8, k + 1))]  # short: the verify step is what counts
         if len(prompt) + k + 1 > self.max_model_len:
             return 0.0
         ps = self.pool.page_size
-        for bs in (1, 2, 4, 8, 16):
+        for bs in (1, 2, 4):
             if bs > self.config.max_num_seqs:
                 break
             seqs: list[Sequence] = []
