@@ -111,12 +111,15 @@ class EngineConfig:
     num_speculative_tokens: int = _opt(
         "Most draft tokens proposed per sequence and step (with --speculative-method).", 4, min=1, max=64
     )
+    # At most 64: each step compares the last n tokens with every window of a sequence's
+    # context for each n from max down to min, so an unbounded n would stall every step.
     prompt_lookup_max: int = _opt(
         "Longest n-gram (the last n tokens) the ngram drafter looks up; longer matches are tried first.",
         4,
         min=1,
+        max=64,
     )
-    prompt_lookup_min: int = _opt("Shortest n-gram the ngram drafter looks up.", 2, min=1)
+    prompt_lookup_min: int = _opt("Shortest n-gram the ngram drafter looks up.", 2, min=1, max=64)
 
     # --- GPU path ---
     cuda_graph_max_bs: int = _opt("Largest decode batch captured as a CUDA graph.", 32, min=1)

@@ -576,6 +576,9 @@ class Engine:
                 if r.num_draft and seq.status is Status.RUNNING:
                     self.kv.truncate(seq, seq.num_tokens)
             except Exception as exc:  # the grammar matcher, the detokenizer, stop strings
+                # A draft step counted its accepted tokens as computed before appending them:
+                # only those appended may be cached when its pages are released.
+                seq.num_computed = min(seq.num_computed, seq.num_tokens)
                 outputs.append(self._fail(seq, "detokenizing", exc))
                 continue
             outputs.append(output)
@@ -693,7 +696,10 @@ class Engine:
                 if len(seqs) < bs:
                     break
                 self.runner.run([], [BatchEntry(s, 0, len(prompt) - 1, False) for s in seqs])
-                self.runner.run([], [BatchEntry(s, len(prompt) - 1, 1 + k, True, prompt[:k]) for s in seqs])
+                verified = self.runner.run([], [BatchEntry(s, len(prompt) - 1, 1 + k, True, prompt[:k]) for s in seqs])
+                for r in verified:  # the runner contains a row's failure; start-up must not
+                    if r.error is not None:
+                        raise r.error
             finally:
                 for s in seqs:
                     self.pool.free(s.pages)

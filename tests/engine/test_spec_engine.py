@@ -210,6 +210,81 @@ def test_warmup_runs_the_speculative_path_and_leaves_nothing_behind(small_vocab_
     assert stats.spec_draft_tokens_total == 0 and stats.generation_tokens_total == 0
 
 
+# --- a drafted request fails alone ---------------------------------------------------------------
+
+
+def run_to_end(engine, seqs) -> dict:
+    """Queues built sequences and steps until all finish; returns the final outputs by id."""
+    for seq in seqs:
+        engine.enqueue(seq)
+    finals = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            if out.finished:
+                finals[out.request_id] = out
+    return finals
+
+
+def spec_fault_setup(model_dir: Path, base: str):
+    """Three greedy requests with oracle drafts (so every step verifies drafts) and their
+    outputs without speculation."""
+    prompts = small_prompts(6)[:3]
+    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+    plain = LLM(model=str(model_dir), dtype="float32", page_size=4, max_total_tokens=4096)
+    expected = [r.token_ids for r in plain.generate(prompts, params)]
+    llm = spec_llm(model_dir, num_speculative_tokens=4)
+    llm.engine.drafter = OracleDrafter(prompts, expected, SMALL_VOCAB, seed=9)
+    seqs = [llm.engine.build_sequence(p, params, f"{base}-{i}") for i, p in enumerate(prompts)]
+    return llm, seqs, expected
+
+
+def assert_victim_alone_failed(llm, finals, seqs, expected, victim, stage: str) -> None:
+    out = finals[victim.request_id]
+    assert out.finish_reason == "error" and stage in out.error, out
+    for seq, want in zip(seqs, expected):
+        if seq is not victim:
+            assert finals[seq.request_id].finish_reason == "length"
+            assert finals[seq.request_id].token_ids == want  # still exact: drafts kept being verified
+    engine = llm.engine
+    assert not engine.running and not engine.waiting
+    assert engine.pool.num_used_pages == engine.radix.total_pages  # its pages went back
+    assert engine.stats().failed_total == 1
+
+
+def test_a_draft_verification_that_raises_fails_only_that_request(small_vocab_llama_dir, monkeypatch) -> None:
+    from preheat.engine import runner as runner_module
+
+    llm, seqs, expected = spec_fault_setup(small_vocab_llama_dir, "verify")
+    victim = seqs[1]
+    real_verify = runner_module.verify_drafts
+
+    def verify(logits, rows, drafts, masks=None):
+        if any(r is victim for r in rows) and len(victim.output_token_ids) >= 5:
+            raise RuntimeError("verifier exploded")
+        return real_verify(logits, rows, drafts, masks)
+
+    monkeypatch.setattr(runner_module, "verify_drafts", verify)
+    finals = run_to_end(llm.engine, seqs)
+    assert_victim_alone_failed(llm, finals, seqs, expected, victim, "verifying its draft")
+    assert "verifier exploded" in finals[victim.request_id].error
+    assert llm.engine.stats().spec_accepted_tokens_total > 0
+
+
+def test_a_detokenizer_that_raises_mid_draft_fails_only_its_request(small_vocab_llama_dir) -> None:
+    llm, seqs, expected = spec_fault_setup(small_vocab_llama_dir, "detok")
+    victim = seqs[2]
+    real_add = victim.detokenizer.add
+
+    def add(token_id: int) -> None:
+        if len(victim.output_token_ids) >= 6:  # within a step that appends several tokens
+            raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "injected")
+        return real_add(token_id)
+
+    victim.detokenizer.add = add
+    finals = run_to_end(llm.engine, seqs)
+    assert_victim_alone_failed(llm, finals, seqs, expected, victim, "detokenizing")
+
+
 # --- sampling keeps its distribution ------------------------------------------------------------
 
 
