@@ -11,8 +11,15 @@ It does what the operator and the scenario can observe of a kubelet:
   ContainersReady / Ready (Ready also waits for the pod's readinessGates, which the operator
   opens) with containerStatuses, the pod's IP, phase Running;
 - restarts an exited container in place under restartPolicy Always (restartCount + 1);
-- on pod deletion sends SIGTERM to the process group, SIGKILL after the grace period;
-- evict(): what a kubelet does under node pressure — stop the container, phase Failed.
+- on pod deletion runs the preStop sleep, then sends SIGTERM to the process group, SIGKILL
+  after the grace period (the sleep counts against it);
+- evict(): what a kubelet does under node pressure — stop the container, phase Failed;
+- nodes: it runs only pods bound (spec.nodeName, by e2e/scheduler.py) to one of the
+  harness's nodes; lose_node() is that node going away: its processes are frozen
+  (SIGSTOP: connections hang, as to a machine that vanished) and nothing is reported for
+  its pods any more; a pod of a lost node that is deleted is killed at once;
+- cluster DNS: an env value naming a Service (`http://<service>:<port>`) is rewritten to
+  the address of that Service's stand-in (e2e/service_proxy.py), through `dns`.
 
 Liveness probes, resource limits, image pulls and init containers are not modelled.
 """
@@ -27,7 +34,7 @@ import os
 import random
 import signal
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -35,6 +42,7 @@ from typing import Any
 import httpx
 
 from e2e import podmap, podstatus
+from e2e.nodes import ClusterNodes
 from e2e.watch import watch
 
 log = logging.getLogger(__name__)
@@ -95,7 +103,15 @@ class PodRuntime:
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     final_phase: str | None = None  # set by evict(): the phase to report after stopping
+    kill_now: bool = False  # a hard eviction: no preStop, no grace
     task: asyncio.Task | None = None
+    node: str = ""
+
+    @property
+    def node_lost(self) -> bool:
+        return self.lost_nodes is not None and self.lost_nodes.lost(self.node)
+
+    lost_nodes: ClusterNodes | None = None
 
 
 class LocalKubelet:
@@ -103,8 +119,12 @@ class LocalKubelet:
                  commands: Mapping[str, Sequence[str]],
                  node_dirs: Mapping[str, Path] | None = None,
                  base_env: Mapping[str, str] | None = None,
-                 restart_backoff_s: float = 1.0, max_grace_s: float | None = None) -> None:
+                 restart_backoff_s: float = 1.0, max_grace_s: float | None = None,
+                 nodes: ClusterNodes | None = None,
+                 dns: Callable[[str, int], Awaitable[str | None]] | None = None) -> None:
         self.namespace = namespace
+        self.nodes = nodes if nodes is not None else ClusterNodes.named()
+        self.dns = dns
         self.root = root
         self.commands = dict(commands)
         self.node_dirs = dict(node_dirs or {})
@@ -145,10 +165,31 @@ class LocalKubelet:
         os.killpg(rt.proc.pid, sig)
         return rt.proc.pid
 
+    def pods_on(self, node: str) -> list[PodRuntime]:
+        return [rt for rt in self.pods.values() if rt.node == node]
+
+    async def lose_node(self, node: str) -> list[str]:
+        """The node goes away: its engines freeze (SIGSTOP) and its pods get no more status
+        from here. Returns the pods that were on it. (The node controller's part, marking
+        them not Ready, is the local cluster's: local_cluster.LocalCluster.lose_node.)"""
+        self.nodes.lose(node)
+        names = []
+        for rt in self.pods_on(node):
+            names.append(rt.name)
+            if rt.proc is not None and rt.proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(rt.proc.pid, signal.SIGSTOP)
+        return names
+
     async def evict(self, name: str, reason: str = "Evicted",
-                    message: str = "the node was low on resources (e2e harness)") -> None:
+                    message: str = "the node was low on resources (e2e harness)",
+                    hard: bool = True) -> None:
+        """Node-pressure eviction. Hard (the kubelet's default thresholds: memory.available,
+        nodefs.available...): the container is killed at once, no preStop, no grace. Soft:
+        the pod's graceful stop, at most its grace period."""
         rt = self.by_name(name)
         rt.reason, rt.message, rt.final_phase = reason, message, "Failed"
+        rt.kill_now = hard
         rt.stop.set()
         if rt.task is not None:
             await asyncio.shield(rt.task)
@@ -189,7 +230,11 @@ class LocalKubelet:
             if uid in self._done or (pod.get("status") or {}).get("phase") in (
                     "Succeeded", "Failed"):
                 return  # a pod runs once: a finished (or late-reported) one is not restarted
-            rt = PodRuntime(uid=uid, name=pod["metadata"]["name"], pod=pod)
+            node = (pod.get("spec") or {}).get("nodeName") or ""
+            if node not in self.nodes.nodes or self.nodes.lost(node):
+                return  # not scheduled yet, or not to a node this kubelet runs
+            rt = PodRuntime(uid=uid, name=pod["metadata"]["name"], pod=pod, node=node,
+                            lost_nodes=self.nodes)
             self.pods[uid] = rt
             rt.task = asyncio.create_task(self._run(rt))
         else:
@@ -235,6 +280,8 @@ class LocalKubelet:
             self.stale_versions += 1
 
     async def _report(self, rt: PodRuntime) -> None:
+        if rt.node_lost:
+            return  # nobody is left on that node to report
         desired = podstatus.status(rt.pod, rt.state, rt.phase, _now(), rt.reason, rt.message,
                                    pod_ip=rt.ip)
         if not podstatus.differs(rt.pod.get("status"), desired):
@@ -309,9 +356,15 @@ class LocalKubelet:
         rt.port = int(ports[0]["containerPort"]) if ports else 8000
         if rt.ip is None:
             rt.ip = free_pod_ip(rt.port)
+        hosts: dict[str, str] = {}
+        if self.dns is not None:
+            for host, port in podmap.service_hosts(rt.pod):
+                address = await self.dns(host, port)
+                if address:
+                    hosts[f"{host}:{port}"] = address
         plan = rt.plan = podmap.plan(rt.pod, commands=self.commands, host_port=rt.port,
                                      root=self.root, node_dirs=self.node_dirs,
-                                     base_env=self.base_env, pod_ip=rt.ip)
+                                     base_env=self.base_env, pod_ip=rt.ip, hosts=hosts)
         startup = podmap.probe(rt.pod, "startupProbe", rt.port, rt.ip)
         readiness = podmap.probe(rt.pod, "readinessProbe", rt.port, rt.ip)
         pod_dir = self.root / "pods" / rt.uid
@@ -331,46 +384,57 @@ class LocalKubelet:
 
         exited = asyncio.create_task(rt.proc.wait())
         stopping = asyncio.create_task(rt.stop.wait())
+        terminating: asyncio.Task | None = None
         loop = asyncio.get_running_loop()
         next_probe = began = loop.time()
         try:
             while True:
                 woken = asyncio.create_task(rt.wake.wait())
                 timeout = max(0.0, next_probe - loop.time())
-                await asyncio.wait({exited, stopping, woken}, timeout=timeout,
-                                   return_when=asyncio.FIRST_COMPLETED)
+                waiting = {exited, woken} | (set() if stopping.done() else {stopping})
+                await asyncio.wait(waiting, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
                 woken.cancel()
                 # Cleared before the report reads rt.pod, never after: a pod change that
                 # arrives while we report wakes the next round instead of being dropped.
                 rt.wake.clear()
                 if exited.done():
                     break
-                if stopping.done():
-                    await self._terminate(rt, podmap.grace_period_s(rt.pod))
-                    break
-                if loop.time() >= next_probe:
+                if stopping.done() and terminating is None:
+                    # preStop, SIGTERM, SIGKILL after the grace: meanwhile the container is
+                    # still probed and reported, as a kubelet does for a terminating pod (a
+                    # draining engine's /ready says 503, and the pod turns unready).
+                    grace = 0.0 if rt.kill_now else podmap.grace_period_s(rt.pod)
+                    terminating = asyncio.create_task(self._terminate(rt, grace))
+                if rt.node_lost:
+                    next_probe = loop.time() + 1.0  # frozen: nothing probes, nothing reports
+                elif loop.time() >= next_probe:
                     probe = readiness if rt.state.started else startup
                     if probe is not None:
+                        # Like the kubelet's prober: one probe per period, counted from the
+                        # probe's start, so a probe that times out does not stretch it.
+                        probed_at = loop.time()
                         ok = await self._probe(probe)
                         rt.probes.append((round(loop.time() - began, 3), probe.path, ok))
                         if not rt.state.started:
                             rt.state = replace(rt.state, started=ok)
-                            next_probe = loop.time() + (0 if ok else probe.period_s)
+                            next_probe = loop.time() if ok else probed_at + probe.period_s
                         else:
                             rt.state = podstatus.after_probe(rt.state, ok, probe.failure_threshold)
-                            next_probe = loop.time() + probe.period_s
+                            next_probe = probed_at + probe.period_s
                     else:  # no readiness probe: ready once started
                         rt.state = replace(rt.state, ready=rt.state.started)
                         next_probe = loop.time() + 1.0
                 await self._report(rt)
         finally:
             stopping.cancel()
+            if terminating is not None:
+                await terminating
         code = await exited
         # A signal death reads as 128+N, as a container runtime reports it.
         code = 128 - code if code < 0 else code
         rt.exit_codes.append(code)
         rt.state = replace(rt.state, running=False, started=False, ready=False,
-                           last_exit_code=code)
+                           last_exit_code=code, last_finished_at=_now())
         log.info("pod %s: pid %d exited %d", rt.name, rt.proc.pid, code)
         return code
 
@@ -383,12 +447,27 @@ class LocalKubelet:
             return False
 
     async def _terminate(self, rt: PodRuntime, grace_s: float) -> None:
-        """SIGTERM to the process group, SIGKILL after the grace period."""
+        """The preStop sleep, then SIGTERM to the process group, SIGKILL once the grace
+        period (which the sleep is part of) is over."""
         proc = rt.proc
         if proc is None or proc.returncode is not None:
             return
+        if rt.node_lost or grace_s <= 0:  # the node is gone, or a kill without grace
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            await proc.wait()
+            return
         if self.max_grace_s is not None and self._closing:
             grace_s = min(grace_s, self.max_grace_s)
+        else:
+            pre_stop = min(podmap.pre_stop_sleep_s(rt.pod), grace_s)
+            if pre_stop > 0:
+                log.info("pod %s: preStop sleep %.0f s", rt.name, pre_stop)
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(proc.wait()), pre_stop)
+                grace_s -= pre_stop
+                if proc.returncode is not None:
+                    return
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)
         try:

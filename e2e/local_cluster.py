@@ -1,4 +1,5 @@
-"""The whole product on one machine: API emulator + provisioner + local kubelet + operator.
+"""The whole product on one machine: API emulator + provisioner + scheduler + local kubelet
+(several named nodes) + Service stand-ins + operator.
 
     async with local_cluster(tmp_path) as cluster:
         await cluster.kube.create(INFERENCE_SERVICES, "default", ...)
@@ -10,10 +11,11 @@ the body fails: the operator first, then the kubelet (SIGTERM, grace, SIGKILL pe
 from __future__ import annotations
 
 import contextlib
+import datetime
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,9 +26,13 @@ import kopf
 from e2e.apiserver import KubeAPIServer, write_kubeconfig
 from e2e.kubelet import LocalKubelet
 from e2e.manifests import NAMESPACE
+from e2e.nodes import DEFAULT_NODES, ClusterNodes
 from e2e.operator_process import OperatorProcess
-from e2e.provisioner import LocalProvisioner
-from preheat.operator.kube import Kube
+from e2e.provisioner import RWO_ONLY, LocalProvisioner
+from e2e.scheduler import LocalScheduler
+from e2e.service_proxy import ClusterServices
+from preheat.operator.kube import STRATEGIC, Kube
+from preheat.operator.resources import PODS
 
 # The pod's `preheat` command, run from this checkout's interpreter.
 COMMANDS = {"preheat": [sys.executable, "-m", "preheat"]}
@@ -49,13 +55,42 @@ class LocalCluster:
     root: Path
     api: Any = None  # the KubeAPIServer, for diagnostics
     namespace: str = NAMESPACE
+    services: ClusterServices | None = None
+    scheduler: LocalScheduler | None = None
 
     # The scenario's driver interface (e2e/scenario.py), shared with the real-cluster one.
     async def endpoint(self, pod: str) -> str:
         return self.kubelet.url(pod)
 
+    async def service_url(self, service: str) -> str:
+        """Through the Service's stand-in (ready role=serving pods only, like kube-proxy)."""
+        assert self.services is not None
+        return await self.services.url(service)
+
     async def crash(self, pod: str) -> None:
         await self.kubelet.kill(pod, signal.SIGKILL)
+
+    async def hang(self, pod: str) -> None:
+        """The engine stops answering (SIGSTOP): alive, its readiness probe failing."""
+        await self.kubelet.kill(pod, signal.SIGSTOP)
+
+    def node_of(self, pod: str) -> str:
+        return self.kubelet.by_name(pod).node
+
+    async def lose_node(self, node: str) -> list[str]:
+        """The node vanishes: the kubelet's part (processes frozen, no more status), then
+        the node controller's, compressed from its ~40 s grace to now: each of its pods is
+        marked Ready=False (reason NodeNotReady), which takes it out of the endpoints."""
+        names = await self.kubelet.lose_node(node)
+        now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        for name in names:
+            await self.kube.patch(PODS, self.namespace, name, {"status": {"conditions": [{
+                "type": "Ready", "status": "False", "reason": "NodeNotReady",
+                "message": f"node {node} is not ready (e2e harness)",
+                "lastTransitionTime": now}]}}, subresource="status", content_type=STRATEGIC)
+        if self.scheduler is not None:
+            self.scheduler.poke()
+        return names
 
     async def evict(self, pod: str) -> None:
         await self.kubelet.evict(pod)
@@ -78,9 +113,14 @@ class LocalCluster:
         for rt in self.kubelet.pods.values():
             meta, st = rt.pod.get("metadata") or {}, rt.pod.get("status") or {}
             conds = {c.get("type"): c.get("status") for c in st.get("conditions") or []}
-            parts.append(f"{rt.name} seen rv={meta.get('resourceVersion')} phase={rt.phase} "
+            parts.append(f"{rt.name} on {rt.node}{' (lost)' if rt.node_lost else ''} "
+                         f"seen rv={meta.get('resourceVersion')} phase={rt.phase} "
                          f"state={rt.state} conditions={conds} port={rt.port} "
                          f"last probes={rt.probes[-3:]}")
+        if self.services is not None:
+            for name, proxy in self.services.proxies.items():
+                parts.append(f"service {name}: endpoints={sorted(proxy.endpoints)} "
+                             f"stats={proxy.stats}")
         parts.append("finished here (no process): " + ", ".join(
             f"{rt.name} exits={rt.exit_codes}" for rt in self.kubelet.finished))
         for rt in [*self.kubelet.pods.values(), *self.kubelet.finished]:
@@ -92,21 +132,42 @@ class LocalCluster:
 
 @contextlib.asynccontextmanager
 async def local_cluster(root: Path, resync_seconds: float = 2.0,
-                        operator_args: tuple[str, ...] = ()) -> AsyncIterator[LocalCluster]:
+                        operator_args: tuple[str, ...] = (), *,
+                        nodes: Sequence[str] = DEFAULT_NODES,
+                        access_modes: Sequence[str] = RWO_ONLY,
+                        propagation_s: float = 0.5) -> AsyncIterator[LocalCluster]:
+    """access_modes: what the storage offers (default ReadWriteOnce only, like kind/k3d's
+    local-path, EBS, GCE PD); propagation_s: how late the Service stand-ins follow pod
+    readiness (kube-proxy's lag)."""
     root.mkdir(parents=True, exist_ok=True)
     async with KubeAPIServer() as api, kmock.Server(api) as server:
         url = str(server.url).rstrip("/")
         kubeconfig = write_kubeconfig(root, url)
         base_env = {k: os.environ[k] for k in _IMAGE_ENV if k in os.environ}
-        # The operator puts the weight cache on the snapshot claim (render.weight_cache_dir).
-        async with LocalProvisioner(url, NAMESPACE, root, {"weights": node_cache_dir() / "weights"}), \
+        cluster_nodes = ClusterNodes.named(tuple(nodes))
+        kubelets: list[LocalKubelet] = []
+
+        def address_of(pod: str) -> tuple[str, int] | None:
+            try:
+                rt = kubelets[0].by_name(pod)
+            except (KeyError, IndexError):
+                return None
+            return (rt.ip, rt.port) if rt.ip and rt.port else None
+
+        # The operator puts the weight cache on a shared snapshot claim (render.weight_cache_dir).
+        async with LocalProvisioner(url, NAMESPACE, root, {"weights": node_cache_dir() / "weights"},
+                                    access_modes=access_modes, node=nodes[0]), \
+                LocalScheduler(url, NAMESPACE, cluster_nodes) as scheduler, \
+                ClusterServices(url, NAMESPACE, address_of, propagation_s) as services, \
                 LocalKubelet(url, NAMESPACE, root, commands=COMMANDS, base_env=base_env,
-                             node_dirs={"cache": node_cache_dir()}, max_grace_s=30) as kubelet, \
+                             node_dirs={"cache": node_cache_dir()}, max_grace_s=30,
+                             nodes=cluster_nodes, dns=services.address) as kubelet, \
                 OperatorProcess(kubeconfig, NAMESPACE, root, resync_seconds,
                                 operator_args) as operator:
+            kubelets.append(kubelet)
             kube = Kube(kopf.ConnectionInfo(server=url))
             try:
                 yield LocalCluster(kube=kube, kubelet=kubelet, operator=operator, root=root,
-                                   api=api)
+                                   api=api, services=services, scheduler=scheduler)
             finally:
                 await kube.close()

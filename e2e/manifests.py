@@ -27,6 +27,9 @@ ENGINE_ENV = [
     {"name": "PREHEAT_MAX_MODEL_LEN", "value": "1024"},
     {"name": "PREHEAT_MAX_NUM_SEQS", "value": "8"},
     {"name": "PREHEAT_LOG_LEVEL", "value": "info"},
+    # Several engines share the machine's cores (no cgroups here): one compute thread each,
+    # as a CPU limit of 1 would give them, instead of every engine spinning on all cores.
+    {"name": "OMP_NUM_THREADS", "value": "1"},
 ]
 
 
@@ -38,17 +41,27 @@ def warmup_configmap(namespace: str = NAMESPACE) -> dict[str, Any]:
 
 def inference_service(name: str, *, replicas: int = 1, warm_pool: int = 1,
                       image: str = DEFAULT_IMAGE, snapshot: bool = True,
-                      templates: bool = True, namespace: str = NAMESPACE,
+                      shared_snapshots: bool = False, templates: bool = True,
+                      namespace: str = NAMESPACE, failover_s: int = 2,
+                      endpoint_delay_s: int = 1,
                       autoscaling: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The product's defaults except where noted: snapshots are pod-local (each pod's
+    emptyDir, a new pod fetches one from a ready peer through the Service) unless
+    shared_snapshots asks for a ReadWriteOnce shared claim (pods then share one node)."""
     spec: dict[str, Any] = {
         "model": {},  # the engine's embedded default model (SmolLM2-135M-Instruct)
         "engine": {"image": image, "env": ENGINE_ENV},
         "replicas": replicas,
         "warmPool": {"size": warm_pool},
-        "snapshot": {"enabled": snapshot, "size": "1Gi", "accessMode": "ReadWriteOnce"},
+        "snapshot": {"enabled": snapshot, "size": "1Gi",
+                     **({"storage": "SharedVolume", "accessMode": "ReadWriteOnce"}
+                        if shared_snapshots else {})},
         # Probe every second so a cold pod is seen ready as soon as it is; a short grace
-        # period because the engine drains an idle server in well under a second.
-        "readiness": {"periodSeconds": 1, "terminationGracePeriodSeconds": 20},
+        # period because the engine drains an idle server in well under a second; the
+        # local Service stand-in follows endpoints within 0.5 s, so a 1 s endpoint delay.
+        "readiness": {"periodSeconds": 1, "terminationGracePeriodSeconds": 20,
+                      "endpointDelaySeconds": endpoint_delay_s},
+        "failover": {"unreadySeconds": failover_s},
     }
     if templates:
         spec["warmupTemplates"] = {"configMap": TEMPLATES}

@@ -14,6 +14,7 @@ local kubelet has neither, so it maps what the pod asks for onto this machine:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,9 +114,34 @@ def _env_value(entry: Mapping[str, Any], pod: Mapping[str, Any], pod_ip: str) ->
     raise Unsupported(f"env {entry['name']!r}: only values and fieldRefs to name/namespace/podIP")
 
 
+_SERVICE_URL = re.compile(r"^(https?://)([a-z0-9]([-a-z0-9]*[a-z0-9])?)"
+                          r"((\.[a-z0-9-]+)?\.svc(\.cluster\.local)?)?:([0-9]+)(/.*)?$")
+
+
+def service_hosts(pod: Mapping[str, Any]) -> list[tuple[str, int]]:
+    """(service, port) of every env value that is a URL of an in-cluster Service by DNS
+    name: `http://name:port`, `http://name.ns.svc:port`, `...svc.cluster.local:port`."""
+    out = []
+    for entry in container(pod).get("env") or []:
+        m = _SERVICE_URL.match(str(entry.get("value") or ""))
+        if m:
+            out.append((m.group(2), int(m.group(7))))
+    return out
+
+
+def rewrite_hosts(value: str, hosts: Mapping[str, str]) -> str:
+    """What cluster DNS + the Service do for a URL, mapped onto this machine: the host and
+    port of a known Service become the address of its local stand-in."""
+    m = _SERVICE_URL.match(value)
+    if not m or f"{m.group(2)}:{m.group(7)}" not in hosts:
+        return value
+    return f"{m.group(1)}{hosts[m.group(2) + ':' + m.group(7)]}{m.group(8) or ''}"
+
+
 def plan(pod: Mapping[str, Any], *, commands: Mapping[str, Sequence[str]], host_port: int,
          root: Path, node_dirs: Mapping[str, Path] = {},
-         base_env: Mapping[str, str] = {}, pod_ip: str = "127.0.0.1") -> ProcessPlan:
+         base_env: Mapping[str, str] = {}, pod_ip: str = "127.0.0.1",
+         hosts: Mapping[str, str] = {}) -> ProcessPlan:
     c = container(pod)
     command = list(c.get("command") or [])
     if not command or command[0] not in commands:
@@ -132,7 +158,8 @@ def plan(pod: Mapping[str, Any], *, commands: Mapping[str, Sequence[str]], host_
         raise Unsupported("--port/--host in args: the local kubelet owns the address")
     env = dict(base_env)
     for entry in c.get("env") or []:
-        env[entry["name"]] = rewrite_path(_env_value(entry, pod, pod_ip), mounts)
+        env[entry["name"]] = rewrite_hosts(rewrite_path(_env_value(entry, pod, pod_ip), mounts),
+                                           hosts)
     # The pod's network namespace, mapped: its own loopback address.
     env["PREHEAT_HOST"] = pod_ip
     env["PREHEAT_PORT"] = str(host_port)
@@ -157,6 +184,13 @@ def probe(pod: Mapping[str, Any], kind: str, host_port: int,
     return Probe(path=get.get("path") or "/", host_port=host_port,
                  period_s=float(spec.get("periodSeconds", 10)),
                  failure_threshold=int(spec.get("failureThreshold", 3)), host=host)
+
+
+def pre_stop_sleep_s(pod: Mapping[str, Any]) -> float:
+    """The container's `lifecycle.preStop.sleep.seconds` (0 when none). Other preStop
+    handlers (exec, httpGet) are not run by the local kubelet."""
+    sleep = ((container(pod).get("lifecycle") or {}).get("preStop") or {}).get("sleep") or {}
+    return float(sleep.get("seconds") or 0)
 
 
 def grace_period_s(pod: Mapping[str, Any]) -> float:

@@ -22,6 +22,7 @@ class ContainerState:
     restart_count: int = 0
     failures: int = 0  # readiness probe failures in a row
     last_exit_code: int | None = None
+    last_finished_at: str | None = None  # when the last container exited (RFC 3339)
     waiting_reason: str | None = None  # e.g. ContainerCreating, CrashLoopBackOff
 
 
@@ -67,14 +68,18 @@ def status(pod: Mapping[str, Any], state: ContainerState, phase: str, now: str,
     elif state.waiting_reason:
         cstate = {"waiting": {"reason": state.waiting_reason}}
     else:
-        cstate = {"terminated": {"exitCode": state.last_exit_code or 0}}
+        cstate = {"terminated": {"exitCode": state.last_exit_code or 0,
+                                 **({"finishedAt": state.last_finished_at}
+                                    if state.last_finished_at else {})}}
     container: dict[str, Any] = {
         "name": name, "ready": ready, "started": state.running and state.started,
         "restartCount": state.restart_count, "state": cstate,
         "image": ((pod.get("spec") or {}).get("containers") or [{}])[0].get("image", ""),
     }
     if state.last_exit_code is not None:
-        container["lastState"] = {"terminated": {"exitCode": state.last_exit_code}}
+        container["lastState"] = {"terminated": {"exitCode": state.last_exit_code,
+                                                 **({"finishedAt": state.last_finished_at}
+                                                    if state.last_finished_at else {})}}
     out: dict[str, Any] = {
         "phase": phase,
         "hostIP": "127.0.0.1",

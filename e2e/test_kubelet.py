@@ -30,6 +30,7 @@ def gated_pod(name: str) -> dict:
     return {
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NS},
         "spec": {
+            "nodeName": "node-a",  # bound: the local kubelet runs only scheduled pods
             "readinessGates": [{"conditionType": GATE}],
             "terminationGracePeriodSeconds": 5,
             "containers": [{

@@ -35,11 +35,34 @@ def test_mounted_paths_in_env_become_local_directories():
     plan = podmap.plan(operator_pod(), commands=COMMANDS, host_port=41000, root=ROOT)
     pod_dir = ROOT / "pods" / "pod-uid" / "volumes"
     assert plan.env["PREHEAT_WARMUP_TEMPLATES"] == str(pod_dir / "warmup-templates")
-    # The snapshot claim is one directory per claim, shared by every pod that mounts it.
-    assert plan.env["PREHEAT_SNAPSHOT_DIR"] == str(ROOT / "claims" / "default" / "chat-snapshots")
+    # Pod-local snapshots (the default): the pod's own emptyDir.
+    assert plan.env["PREHEAT_SNAPSHOT_DIR"] == str(pod_dir / "snapshots")
     assert plan.env["HOME"] == str(pod_dir / "tmp")
+
+
+def test_a_shared_snapshot_claim_is_one_directory_for_every_pod():
+    pod = operator_pod(snapshot={"storage": "SharedVolume", "accessMode": "ReadWriteOnce"})
+    plan = podmap.plan(pod, commands=COMMANDS, host_port=41000, root=ROOT)
+    assert plan.env["PREHEAT_SNAPSHOT_DIR"] == str(ROOT / "claims" / "default" / "chat-snapshots")
     # The weight cache sits on the snapshot claim too, so pods share converted weights.
     assert plan.env["PREHEAT_WEIGHT_CACHE_DIR"] == str(ROOT / "claims" / "default" / "chat-snapshots" / "weights")
+
+
+def test_a_service_url_in_env_reaches_the_services_stand_in():
+    """Cluster DNS, mapped: the operator tells the engine its peers as the Service URL."""
+    pod = operator_pod()
+    assert podmap.service_hosts(pod) == [("chat", 8000)]
+    plan = podmap.plan(pod, commands=COMMANDS, host_port=41000, root=ROOT,
+                       hosts={"chat:8000": "127.0.0.1:40404"})
+    assert plan.env["PREHEAT_SNAPSHOT_PEER_URL"] == "http://127.0.0.1:40404"
+    assert podmap.rewrite_hosts("http://chat.default.svc.cluster.local:8000/x",
+                                {"chat:8000": "127.0.0.1:1"}) == "http://127.0.0.1:1/x"
+    assert podmap.rewrite_hosts("http://other:8000", {"chat:8000": "127.0.0.1:1"}) == \
+        "http://other:8000"
+
+
+def test_the_pre_stop_sleep_is_read_from_the_container():
+    assert podmap.pre_stop_sleep_s(operator_pod()) == 1.0
 
 
 def test_a_node_dir_replaces_a_pods_own_empty_dir():

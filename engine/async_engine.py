@@ -27,7 +27,9 @@ log = logging.getLogger(__name__)
 
 # After the shutdown timeout aborts what is left, how long the step thread gets to hand out
 # the abort outputs before the streams are ended here (a step on a loaded CPU takes seconds).
-ABORT_SETTLE_S = 10.0
+# Short: it is spent inside terminationGracePeriodSeconds (the operator's ShutdownBudget
+# reserves it), and streams still open after it get their "abort" end from the event loop.
+ABORT_SETTLE_S = 3.0
 
 
 class EngineNotReady(RuntimeError):

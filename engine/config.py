@@ -168,6 +168,19 @@ class EngineConfig:
         "Seconds between periodic snapshots (0 = only on demand and at shutdown).", 300.0, min=0.0
     )
     snapshot_max_tokens: int = _opt("Most tokens of KV written into one snapshot.", 65536, min=0)
+    snapshot_peer_url: str | None = _opt(
+        "Base URL of a peer engine (normally the Service: its ready serving pods) to fetch the "
+        "newest snapshot from before restoring; sent the --api-key when one is set."
+    )
+    snapshot_peer_timeout: float = _opt(
+        "Seconds the fetch from --snapshot-peer-url may take.", 60.0, min=0.0
+    )
+    shutdown_snapshot_timeout: float | None = _opt(
+        "Seconds the snapshot at shutdown may take: its size is chosen to fit (default: no "
+        "limit). The operator sets it to what the grace period leaves after draining.",
+        None,
+        min=0.0,
+    )
 
     # --- KV tiers ---
     host_cache_size: float = _opt(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,6 +33,33 @@ class StartupStep:
     name: str
     phase: str  # "restoring" or "warming": what /ready reports while it runs
     run: Callable[[AsyncEngine], Any]
+
+
+async def in_daemon_thread(fn: Callable[..., Any], *args: Any) -> Any:
+    """asyncio.to_thread, but on a daemon thread of its own: start-up work (loading the
+    model, fetching a snapshot) must not keep a SIGTERMed process alive — the default
+    executor's threads are joined when the event loop closes, so a pod deleted while it
+    loads would outlive its grace period and be SIGKILLed."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future = loop.create_future()
+
+    def settle(ok: bool, value: Any) -> None:
+        if not future.done():
+            future.set_result(value) if ok else future.set_exception(value)
+
+    def run() -> None:
+        try:
+            result = fn(*args)
+        except BaseException as e:
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(settle, False, e)
+        else:
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(settle, True, result)
+
+    threading.Thread(target=run, name=f"startup-{getattr(fn, '__name__', 'step')}",
+                     daemon=True).start()
+    return await future
 
 
 def default_engine_factory(config: EngineConfig) -> Any:
@@ -62,7 +90,7 @@ class Lifecycle:
             ae.set_phase("loading")
             log.info("loading model %s", self.config.model or "(embedded SmolLM2-135M-Instruct)")
             t = time.monotonic()
-            engine = await asyncio.to_thread(self.engine_factory, self.config)
+            engine = await in_daemon_thread(self.engine_factory, self.config)
             metrics.startup_seconds.labels(step="load").observe(time.monotonic() - t)
             ae.attach(engine)
             ae.start(asyncio.get_running_loop())
@@ -75,7 +103,7 @@ class Lifecycle:
                 if inspect.iscoroutinefunction(step.run):
                     await step.run(ae)
                 else:
-                    await asyncio.to_thread(step.run, ae)
+                    await in_daemon_thread(step.run, ae)
                 took = time.monotonic() - t
                 metrics.startup_seconds.labels(step=step.name).observe(took)
                 log.info("%s: %s done in %.2fs", step.phase, step.name, took)

@@ -139,6 +139,16 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.snapshot_peer_fetches = Counter(
+            "preheat_snapshot_peer_fetches",
+            "Snapshot fetches from a peer at start-up, by result: fetched, present (already "
+            "here), none (no peer ready or nothing cached), unreachable, refused, error.",
+            ["result"],
+            registry=r,
+        )
+        self.snapshot_peer_fetch_seconds = Gauge(
+            "preheat_snapshot_peer_fetch_seconds", "Time the last peer fetch took.", registry=r
+        )
         # --- KV tiers (engine counters, synced after every step by record_tiers) ---
         self.kv_tier_hit_tokens = Counter(
             "preheat_kv_tier_hit_tokens",

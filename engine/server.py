@@ -26,6 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from preheat.engine.api_errors import APIError, error_body, from_validation_error
 from preheat.engine.async_engine import AsyncEngine
+from preheat.engine.connection_close import CloseWhileDraining
 from preheat.engine.openai_protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -34,6 +35,7 @@ from preheat.engine.openai_protocol import (
     now,
 )
 from preheat.engine.openai_serving import OpenAIServing
+from preheat.engine.snapshot_peer import add_snapshot_peer_routes
 
 log = logging.getLogger(__name__)
 
@@ -187,6 +189,8 @@ def create_app(
         return JSONResponse({"path": saved.path, "tokens": saved.tokens,
                              "prefixes": saved.prefixes, "seconds": round(saved.seconds, 3)})
 
+    add_snapshot_peer_routes(app, aengine, snapshotter, check_auth)
+    app.add_middleware(CloseWhileDraining, aengine=aengine)
     return app
 
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
+import os
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -70,11 +72,27 @@ async def serve(config: EngineConfig, warm: WarmStart | None = None) -> int:
     log.info("listening on http://%s:%d", config.host, config.port)
     starting = asyncio.create_task(start_engine())
     await server.serve()
-    if not starting.done():
+    abandoned = not starting.done()
+    if abandoned:
         starting.cancel()
     if server.draining is None:
         aengine.stop()
+    if abandoned:
+        exit_now(server.exit_code)
     return server.exit_code
+
+
+def exit_now(code: int) -> None:
+    """Exit while a start-up thread (loading the model, fetching a snapshot) still runs:
+    it is a daemon thread, so nothing waits for it, but finalizing the interpreter under a
+    thread inside torch aborts the process (exit 134, not 0). Nothing is left to clean up:
+    the server has stopped and a snapshot is never written before start-up finished."""
+    log.info("exiting during start-up")
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 def main(argv: list[str]) -> int:

@@ -1,8 +1,10 @@
 """When and how a serving engine restores and persists its hot-prefix KV snapshot.
 
 The format and the checks live in engine/kv/snapshot.py; this file decides the moments:
-restore once at start (phase "restoring", before warmup, so templates hit restored prefixes),
-save periodically, on `POST /admin/snapshot` and at shutdown after draining. Export runs on the
+restore once at start (phase "restoring", before warmup, so templates hit restored prefixes;
+first fetching the newest snapshot from a ready peer when one is configured, see
+snapshot_peer.py), save periodically, on `POST /admin/snapshot`, for a peer, and at
+shutdown after draining — sized to fit the shutdown deadline. Export runs on the
 engine's step thread (the pool and radix tree are not thread-safe), writing runs off it
 (blocking I/O must not stall decoding). Nothing here may stop the engine from serving: a
 refused or unreadable snapshot means warming cold, a failed save is a log line.
@@ -13,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
 import socket
 import threading
 import time
@@ -23,6 +26,28 @@ log = logging.getLogger(__name__)
 
 # How long a save may wait for the step thread to export (a long prefill step is seconds).
 EXPORT_TIMEOUT_S = 120.0
+# Write speed assumed for the shutdown snapshot before any save was timed (bytes/s): a slow
+# network volume. Measured saves replace it.
+ASSUMED_WRITE_BYTES_PER_S = 50e6
+def kv_bytes_per_token(fingerprint: dict) -> int:
+    """Bytes of K and V one token takes, from a snapshot fingerprint (torch is loaded: only
+    called once the engine is)."""
+    from preheat.engine.dtypes import torch_dtype
+
+    return int(fingerprint["num_layers"]) * 2 * int(fingerprint["num_kv_heads"]) * \
+        int(fingerprint["head_dim"]) * torch_dtype(str(fingerprint["dtype"])).itemsize
+
+
+def shutdown_token_budget(max_tokens: int, seconds: float | None, bytes_per_token: int,
+                          write_bytes_per_s: float | None) -> int:
+    """Most tokens the shutdown snapshot may hold so that writing it takes at most half of
+    `seconds` at the write speed seen so far: a write cut off by SIGKILL would be wasted
+    (the atomic rename never happens), a smaller snapshot still carries the hottest
+    prefixes. None: no deadline."""
+    if seconds is None:
+        return max_tokens
+    rate = write_bytes_per_s or ASSUMED_WRITE_BYTES_PER_S
+    return max(0, min(max_tokens, int(0.5 * seconds * rate / max(1, bytes_per_token))))
 
 
 class SnapshotInProgress(RuntimeError):
@@ -50,12 +75,19 @@ def restore_budget(snapshot_max_tokens: int, pool_tokens: int) -> int:
 
 class Snapshotter:
     def __init__(self, directory: str, max_tokens: int, interval: float, metrics: Any,
-                 writer: str | None = None) -> None:
+                 writer: str | None = None, *, peer_url: str | None = None,
+                 api_key: str | None = None, peer_timeout: float = 60.0,
+                 shutdown_timeout: float | None = None) -> None:
         self.directory = directory
         self.max_tokens = max_tokens
         self.interval = interval
         self.metrics = metrics
         self.writer = writer or writer_id()
+        self.peer_url = peer_url
+        self.api_key = api_key
+        self.peer_timeout = peer_timeout
+        self.shutdown_timeout = shutdown_timeout
+        self.write_bytes_per_s: float | None = None  # measured by the last save
         self._lock = threading.Lock()  # one save at a time per process
         self._restored = False  # a save before restore finished would persist a cold cache
         self._timer: asyncio.Task | None = None
@@ -73,9 +105,14 @@ class Snapshotter:
         try:
             pool_tokens = engine.pool.capacity_pages * engine.pool.page_size
             budget = restore_budget(self.max_tokens, pool_tokens)
+            fetched = self.fetch_from_peer(engine.fingerprint) if self.peer_url else None
             result = load_latest_snapshot(self.directory, engine.fingerprint, budget)
             for rejection in result.rejected:  # each one is logged by load_latest_snapshot
                 self.metrics.snapshot_rejected.labels(reason=rejection.reason).inc()
+                if fetched is not None and fetched.path is not None and \
+                        rejection.path == str(fetched.path):
+                    # A refused transfer must not shadow the pod's own snapshots next time.
+                    shutil.rmtree(fetched.path, ignore_errors=True)
             if result.records:
                 future = aengine.call_in_engine(engine.import_prefixes, result.records)
                 tokens = int(future.result(timeout=EXPORT_TIMEOUT_S))
@@ -95,34 +132,56 @@ class Snapshotter:
         self._restored = True
         return tokens
 
+    def fetch_from_peer(self, fingerprint: dict) -> Any:
+        """Fetches the newest snapshot from the peer URL (normally the Service: a ready
+        serving pod) into our directory. Never raises."""
+        from preheat.engine.snapshot_peer import fetch_latest
+
+        # The peer's snapshot may hold more than we restore; bound what we accept anyway.
+        cap = 2 * self.max_tokens * kv_bytes_per_token(fingerprint) + (64 << 20)
+        fetched = fetch_latest(self.peer_url or "", self.directory, api_key=self.api_key,
+                               timeout=self.peer_timeout, max_bytes=cap)
+        self.metrics.snapshot_peer_fetches.labels(result=fetched.result).inc()
+        self.metrics.snapshot_peer_fetch_seconds.set(fetched.seconds)
+        if fetched.result == "fetched":
+            log.info("snapshot: fetched %s (%d bytes) from %s in %.2fs", fetched.path,
+                     fetched.bytes, self.peer_url, fetched.seconds)
+        else:
+            log.info("snapshot: nothing fetched from %s (%s%s)", self.peer_url, fetched.result,
+                     f": {fetched.detail}" if fetched.detail else "")
+        return fetched
+
     async def restore_step(self, aengine: Any) -> None:
         """The "restoring" StartupStep: restore off the loop, then arm the periodic saver."""
-        await asyncio.to_thread(self.restore, aengine)
+        from preheat.engine.lifecycle import in_daemon_thread  # a SIGTERM must not wait for a peer fetch
+
+        await in_daemon_thread(self.restore, aengine)
         if self.interval > 0 and self._timer is None:
             self._timer = asyncio.create_task(self._periodic(aengine))
 
     # ------------------------------------------------------------ save
 
-    def save(self, aengine: Any, wait: bool = True) -> SavedSnapshot:
+    def save(self, aengine: Any, wait: bool = True, max_tokens: int | None = None) -> SavedSnapshot:
         """Exports the hottest prefixes on the step thread and writes them (in this thread).
         One save at a time: with `wait=False`, raises SnapshotInProgress instead of waiting
-        for a running one. Raises on failure; callers decide whether that is a log line or
-        an HTTP 500."""
+        for a running one. `max_tokens` caps this save below the configured size (the
+        shutdown save must fit its deadline). Raises on failure; callers decide whether
+        that is a log line or an HTTP 500."""
         engine = aengine.engine
         if engine is None:
             raise RuntimeError("the engine is not loaded yet")
         if not self._lock.acquire(blocking=wait):
             raise SnapshotInProgress("a snapshot is already being saved")
         try:
-            return self._save(aengine, engine)
+            return self._save(aengine, engine, self.max_tokens if max_tokens is None else max_tokens)
         finally:
             self._lock.release()
 
-    def _save(self, aengine: Any, engine: Any) -> SavedSnapshot:
+    def _save(self, aengine: Any, engine: Any, limit: int) -> SavedSnapshot:
         from preheat.engine.kv.snapshot import save_snapshot
 
         started = time.monotonic()
-        records = aengine.call_in_engine(engine.export_prefixes, self.max_tokens).result(
+        records = aengine.call_in_engine(engine.export_prefixes, limit).result(
             timeout=EXPORT_TIMEOUT_S
         )
         if not records:
@@ -132,8 +191,10 @@ class Snapshotter:
         path = save_snapshot(self.directory, engine.fingerprint, records, self.writer,
                              sharding=getattr(engine, "sharding", None))
         tokens = sum(r.stored_tokens for r in records)
+        took = time.monotonic() - started
+        self.write_bytes_per_s = tokens * kv_bytes_per_token(engine.fingerprint) / max(took, 1e-3)
         self.metrics.snapshot_saved_tokens.set(tokens)
-        return SavedSnapshot(str(path), tokens, len(records), time.monotonic() - started)
+        return SavedSnapshot(str(path), tokens, len(records), took)
 
     def save_at_shutdown(self, aengine: Any) -> None:
         """`AsyncEngine.on_shutdown` callback: runs after draining, before the step thread
@@ -142,8 +203,15 @@ class Snapshotter:
             log.info("snapshot: start-up never finished restoring, not saving at shutdown")
             return
         try:
-            saved = self.save(aengine)
-            log.info("snapshot at shutdown: %s (%d tokens, %.2fs)", saved.path, saved.tokens, saved.seconds)
+            budget = shutdown_token_budget(self.max_tokens, self.shutdown_timeout,
+                                           kv_bytes_per_token(aengine.engine.fingerprint),
+                                           self.write_bytes_per_s)
+            if budget <= 0:
+                log.warning("snapshot at shutdown skipped: no time for one (%ss)", self.shutdown_timeout)
+                return
+            saved = self.save(aengine, max_tokens=budget)
+            log.info("snapshot at shutdown: %s (%d tokens of at most %d, %.2fs of %ss)", saved.path,
+                     saved.tokens, budget, saved.seconds, self.shutdown_timeout)
         except Exception as e:
             log.error("snapshot at shutdown failed: %s: %s", type(e).__name__, e)
 

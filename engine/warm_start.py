@@ -108,5 +108,8 @@ def build_warm_start(config: EngineConfig, metrics: Any) -> WarmStart:
                  config.warmup_templates)
     if config.snapshot_dir:
         ws.snapshotter = Snapshotter(config.snapshot_dir, config.snapshot_max_tokens,
-                                     config.snapshot_interval, metrics)
+                                     config.snapshot_interval, metrics,
+                                     peer_url=config.snapshot_peer_url, api_key=config.api_key,
+                                     peer_timeout=config.snapshot_peer_timeout,
+                                     shutdown_timeout=config.shutdown_snapshot_timeout)
     return ws

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -117,9 +118,12 @@ async def reconcile_loop(memo: OperatorState, stopped: kopf.DaemonStopped, names
         while not stopped:
             wake.clear()
             try:
-                await reconcile(memo.client(), namespace, name, _post_event, logger)
+                outcome = await reconcile(memo.client(), namespace, name, _post_event, logger)
                 failures = 0
                 delay = memo.config.resync_seconds
+                if outcome is not None and outcome.recheck_at is not None:
+                    # A failover grace, an endpoint delay or a back-off ends then: be there.
+                    delay = max(0.05, min(delay, outcome.recheck_at - time.time()))
             except (ApiError, OSError, RuntimeError, asyncio.TimeoutError) as e:
                 # Never a crash loop: log, back off, try again.
                 failures += 1

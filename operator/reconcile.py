@@ -10,7 +10,9 @@ from __future__ import annotations
 import datetime
 import logging
 import secrets
+import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from preheat.operator import render
@@ -18,22 +20,28 @@ from preheat.operator.decide import (
     Action,
     CreatePod,
     DeletePod,
+    FailoverHistory,
+    Plan,
     Relabel,
+    Retire,
     SetWarmGate,
     Target,
-    desired_state,
+    plan,
 )
 from preheat.operator.kube import STRATEGIC, ApiError, Kube
-from preheat.operator.pods import view
+from preheat.operator.pods import parse_time, view
 from preheat.operator.quantity import parse_quantity
 from preheat.operator.resources import (
     CONFIGMAPS,
+    DRAINING_SINCE,
     HPAS,
     INFERENCE_SERVICES,
     LABEL_ROLE,
     LABEL_SERVICE,
+    PDBS,
     PODS,
     PVCS,
+    ROLE_DRAINING,
     SERVICES,
     WARM_CONDITION,
 )
@@ -53,11 +61,28 @@ _EVENT_TEXT = {
     "ScaledDown": "deleted serving pod {pod}: replicas lowered and the warm pool is full",
     "PoolShrunk": "deleted warm pod {pod}: the warm pool is above its size",
     "RolledOut": "deleted outdated pod {pod}: its replacement is warm",
+    "Drained": "deleted pod {pod}: out of the Service's endpoints long enough, now draining",
+}
+_RETIRE_TEXT = {
+    "ScaledDown": "took serving pod {pod} out of the Service (replicas lowered); deleted after "
+                  "the endpoint delay",
+    "RolledOut": "took outdated serving pod {pod} out of the Service: its replacement is warm "
+                 "and serving; deleted after the endpoint delay",
 }
 
 
+@dataclass(frozen=True)
+class Outcome:
+    status: dict[str, Any]
+    recheck_at: float | None  # epoch seconds: reconcile again by then (a deadline passes)
+
+
+def _rfc3339(t: float) -> str:
+    return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return _rfc3339(time.time())
 
 
 def _owned(obj: Mapping[str, Any], uid: str) -> bool:
@@ -81,12 +106,33 @@ async def _ensure_service(kube: Kube, name: str, ns: str, uid: str) -> None:
 
 async def _ensure_snapshot_claim(kube: Kube, name: str, ns: str, uid: str,
                                  spec: ServiceSpec) -> str | None:
-    if not spec.snapshot.enabled:
+    if not spec.snapshot.shared:
         return None  # an existing claim is kept: it holds data and is owned for cleanup
     claim = await kube.get(PVCS, ns, render.snapshot_claim_name(name))
     if claim is None:
         claim = await kube.create(PVCS, ns, render.snapshot_claim(name, ns, uid, spec))
-    return (claim.get("status") or {}).get("phase")
+    else:
+        # snapshot.retainOnDelete decides whether the garbage collector may take it.
+        want = render.claim_owner_references(name, uid, spec)
+        have = (claim.get("metadata") or {}).get("ownerReferences") or []
+        if bool(want) != any(r.get("uid") == uid for r in have):
+            others = [r for r in have if r.get("uid") != uid]
+            await kube.patch(PVCS, ns, claim["metadata"]["name"],
+                             {"metadata": {"ownerReferences": others + want}})
+    return (claim.get("status") or {}).get("phase") or "Pending"  # a new claim has no status
+
+
+async def _ensure_disruption_budget(kube: Kube, name: str, ns: str, uid: str,
+                                    spec: ServiceSpec) -> None:
+    want = render.disruption_budget(name, ns, uid, spec)
+    have = await kube.get(PDBS, ns, name)
+    if want is None:
+        if have is not None and _owned(have, uid):
+            await kube.delete(PDBS, ns, name)
+    elif have is None:
+        await kube.create(PDBS, ns, want)
+    elif {k: (have.get("spec") or {}).get(k) for k in want["spec"]} != want["spec"]:
+        await kube.patch(PDBS, ns, name, {"spec": want["spec"]})
 
 
 def _contains(have: Any, want: Any) -> bool:
@@ -129,9 +175,16 @@ async def _apply(kube: Kube, body: Mapping[str, Any], spec: ServiceSpec, action:
     elif isinstance(action, Relabel):
         await kube.patch(PODS, ns, action.pod, {"metadata": {"labels": {LABEL_ROLE: action.role}}})
         events(body, "Normal", action.reason, _EVENT_TEXT[action.reason].format(pod=action.pod))
+    elif isinstance(action, Retire):
+        # Out of the Service's selector now; deleted (SIGTERM: drain, snapshot) once the
+        # endpoints have had the endpoint delay to notice (decide.py, rule 1).
+        await kube.patch(PODS, ns, action.pod, {"metadata": {
+            "labels": {LABEL_ROLE: ROLE_DRAINING}, "annotations": {DRAINING_SINCE: _now()}}})
+        events(body, "Normal", "Draining", _RETIRE_TEXT[action.reason].format(pod=action.pod))
     elif isinstance(action, DeletePod):
         await kube.delete(PODS, ns, action.pod)
-        events(body, "Normal", action.reason, _EVENT_TEXT[action.reason].format(pod=action.pod))
+        if action.reason != "FailedOver":  # a Warning with the whole story follows
+            events(body, "Normal", action.reason, _EVENT_TEXT[action.reason].format(pod=action.pod))
     elif isinstance(action, SetWarmGate):
         # Strategic merge: conditions merge by type, so the kubelet's own are left alone.
         condition = {"type": WARM_CONDITION, "status": "True" if action.warm else "False",
@@ -141,15 +194,38 @@ async def _apply(kube: Kube, body: Mapping[str, Any], spec: ServiceSpec, action:
                          subresource="status", content_type=STRATEGIC)
 
 
+def _history(status: Mapping[str, Any]) -> FailoverHistory:
+    f = status.get("failover") or {}
+    count = f.get("count")
+    return FailoverHistory(count if isinstance(count, int) else 0, parse_time(f.get("lastTime")))
+
+
+def _report_failovers(body: Mapping[str, Any], p: Plan, target: Target,
+                      previous: Mapping[str, Any], events: EventSink) -> None:
+    for failed, promoted, why in p.failovers:
+        cover = f"promoted warm pod {promoted}" if promoted else "the pool is refilled"
+        events(body, "Warning", "FailedOver",
+               f"pod {failed} could not serve for {target.unready_seconds:g}s or more "
+               f"({why}); {cover}, {failed} is deleted")
+    was = any(c.get("type") == "FailoverBackoff" and c.get("status") == "True"
+              for c in previous.get("conditions") or [])
+    if p.backoff_until is not None and not was:
+        events(body, "Warning", "FailoverBackoff",
+               f"{p.history.count} failovers in a row: the next one waits until "
+               f"{_rfc3339(p.backoff_until)}")
+
+
 async def reconcile(kube: Kube, namespace: str, name: str, events: EventSink,
                     logger: logging.Logger | logging.LoggerAdapter = log,
-                    ) -> dict[str, Any] | None:
-    """Reconcile once; returns the status written (None if the resource is gone)."""
+                    ) -> Outcome | None:
+    """Reconcile once; returns the status written and when to look again (None if the
+    resource is gone)."""
     body = await kube.get(INFERENCE_SERVICES, namespace, name)
     if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
         return None  # owner references cascade the children away
     meta = body["metadata"]
     uid = meta["uid"]
+    previous = body.get("status") or {}
     degraded: tuple[str, str] | None = None
     spec: ServiceSpec | None = None
     try:
@@ -163,25 +239,46 @@ async def reconcile(kube: Kube, namespace: str, name: str, events: EventSink,
     pods = owned_pods(await kube.list(PODS, namespace, {LABEL_SERVICE: name}))
     snapshot_phase = None
     template_hash = ""
+    history = _history(previous)
+    planned: Plan | None = None
+    now = time.time()
     if spec is not None:
         template_hash = render.template_hash(render.pod_spec(name, spec))
-        await _ensure_service(kube, name, namespace, uid)
-        snapshot_phase = await _ensure_snapshot_claim(kube, name, namespace, uid, spec)
-        await _ensure_autoscaler(kube, name, namespace, uid, spec)
+
+        async def ensure_children() -> str | None:
+            await _ensure_service(kube, name, namespace, uid)
+            phase = await _ensure_snapshot_claim(kube, name, namespace, uid, spec)
+            await _ensure_autoscaler(kube, name, namespace, uid, spec)
+            await _ensure_disruption_budget(kube, name, namespace, uid, spec)
+            return phase
+
+        # The first pods need the Service (their peer URL) and the claim; once pods exist,
+        # acting on them comes first: a failover must not wait for four other API calls.
+        if not pods:
+            snapshot_phase = await ensure_children()
         if spec.warmup_templates and \
                 await kube.get(CONFIGMAPS, namespace, spec.warmup_templates) is None:
             degraded = ("WarmupTemplatesNotFound",
                         f"ConfigMap {spec.warmup_templates!r} not found; no new pods until it exists")
         target = Target(spec.replicas, spec.warm_pool_size, template_hash,
-                        allow_create=degraded is None)
-        actions = desired_state(target, list(pods))
-        for action in actions:
+                        allow_create=degraded is None,
+                        max_surge=spec.rollout.surge(spec.replicas),
+                        max_unavailable=spec.rollout.unavailable(spec.replicas),
+                        unready_seconds=spec.failover.unready_seconds,
+                        drain_seconds=spec.readiness.endpoint_delay_seconds)
+        planned = plan(target, list(pods), now, history)
+        history = planned.history
+        for action in planned.actions:
+            logger.info(f"{action}")
             try:
                 await _apply(kube, body, spec, action, events)
             except ApiError as e:
                 # A conflict or a vanished pod: the next pass sees the new world and retries.
                 logger.warning(f"{action} failed: {e}")
-        if actions:
+        _report_failovers(body, planned, target, previous, events)
+        if pods:
+            snapshot_phase = await ensure_children()
+        if planned.actions:
             pods = owned_pods(await kube.list(PODS, namespace, {LABEL_SERVICE: name}))
 
     obs = Observation(
@@ -190,8 +287,13 @@ async def reconcile(kube: Kube, namespace: str, name: str, events: EventSink,
         template_hash=template_hash, pods=pods,
         snapshot_enabled=bool(spec and spec.snapshot.enabled), snapshot_phase=snapshot_phase,
         degraded=degraded, generation=meta.get("generation"),
+        snapshot_shared=bool(spec and spec.snapshot.shared),
+        snapshot_access_mode=spec.snapshot.access_mode if spec else "",
+        progress_deadline_seconds=spec.rollout.progress_deadline_seconds if spec else 600,
+        history=history,
+        backoff_until=planned.backoff_until if planned else None,
+        failing=planned.failing if planned else (),
     )
-    previous = body.get("status") or {}
     status = compute(obs, render.selector_string(name), previous, _now())
     engine_mode = bool(spec and spec.autoscaling and spec.autoscaling.engine_mode)
     if "autoscaling" in previous and not engine_mode:
@@ -201,4 +303,29 @@ async def reconcile(kube: Kube, namespace: str, name: str, events: EventSink,
                          subresource="status")
         if degraded and (previous.get("phase") != "Degraded"):
             events(body, "Warning", degraded[0], degraded[1])
-    return status
+        _report_transitions(body, previous, status, events)
+    return Outcome(status, _recheck_at(planned, status, obs))
+
+
+def _condition(status: Mapping[str, Any], ctype: str) -> Mapping[str, Any]:
+    return next((c for c in status.get("conditions") or [] if c.get("type") == ctype), {})
+
+
+def _report_transitions(body: Mapping[str, Any], previous: Mapping[str, Any],
+                        status: Mapping[str, Any], events: EventSink) -> None:
+    """A Warning Event when a condition turns bad (once, not on every pass)."""
+    for ctype, bad_reason in (("Progressing", "ProgressDeadlineExceeded"),
+                              ("SnapshotVolumeBound", "ClaimPending")):
+        new, old = _condition(status, ctype), _condition(previous, ctype)
+        if new.get("reason") == bad_reason and old.get("reason") != bad_reason:
+            events(body, "Warning", bad_reason, str(new.get("message", "")))
+
+
+def _recheck_at(planned: Plan | None, status: Mapping[str, Any], obs: Observation) -> float | None:
+    times = [planned.recheck_at] if planned and planned.recheck_at is not None else []
+    progressing = _condition(status, "Progressing")
+    if progressing.get("status") == "True" and progressing.get("reason") != "RolloutComplete":
+        since = parse_time(progressing.get("lastUpdateTime"))
+        if since is not None:
+            times.append(since + obs.progress_deadline_seconds + 1)
+    return min(times) if times else None

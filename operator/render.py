@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from preheat.operator.resources import (
@@ -71,9 +72,46 @@ def weight_cache_dir(spec: ServiceSpec) -> str:
     """Where the engine keeps GGUF weights converted for loading. On the shared snapshot
     volume, the first pod's conversion (~15 s for the default model, minutes for a large one)
     serves every later pod and restart; on the pod's emptyDir each new pod converts again."""
-    if spec.snapshot.enabled and spec.snapshot.cache_weights:
+    if spec.snapshot.shared and spec.snapshot.cache_weights:
         return f"{SNAPSHOT_DIR}/weights"
     return f"{CACHE_DIR}/weights"
+
+
+@dataclass(frozen=True)
+class ShutdownBudget:
+    """How a pod spends terminationGracePeriodSeconds on the way out, in order: the preStop
+    sleep (endpoints forget the pod; the operator has already relabelled it when it chose
+    the exit), the drain of in-flight requests, then the snapshot, which must finish inside
+    what is left — a write cut off by SIGKILL would be wasted."""
+    endpoint_delay: int
+    drain: int
+    snapshot: int
+
+
+def shutdown_budget(spec: ServiceSpec) -> ShutdownBudget:
+    r = spec.readiness
+    grace = r.termination_grace_period_seconds
+    rest = max(1, grace - r.endpoint_delay_seconds)
+    snapshot = max(1, min(SNAPSHOT_FLUSH_RESERVE_S, rest // 3)) if spec.snapshot.enabled else 0
+    # The drain ends with up to 3 s for aborted streams to see their end (the engine's
+    # ABORT_SETTLE_S), and a second is kept for the process to exit after the snapshot.
+    return ShutdownBudget(r.endpoint_delay_seconds, max(1, rest - snapshot - 4), snapshot)
+
+
+def peer_url(name: str) -> str:
+    """The Service, by its short name (pods live in its namespace): it routes to ready
+    serving pods only, which hold the hottest prefixes."""
+    return f"http://{name}:{ENGINE_PORT}"
+
+
+def default_spread(name: str) -> list[dict[str, Any]]:
+    """Serving and warm pods of one service spread across nodes (and zones) when the cluster
+    has several: losing a node then costs one pod, and the warm pool covers it. Soft
+    (ScheduleAnyway), so a one-node cluster still schedules every pod."""
+    match = {"matchLabels": {LABEL_SERVICE: name}}
+    return [{"maxSkew": 1, "topologyKey": key, "whenUnsatisfiable": "ScheduleAnyway",
+             "labelSelector": match}
+            for key in ("kubernetes.io/hostname", "topology.kubernetes.io/zone")]
 
 
 def _engine_env(name: str, spec: ServiceSpec) -> list[dict[str, Any]]:
@@ -82,13 +120,13 @@ def _engine_env(name: str, spec: ServiceSpec) -> list[dict[str, Any]]:
         model_ref = f"{MODEL_DIR}/{(model.path or '').lstrip('/')}".rstrip("/")
     else:
         model_ref = model.uri or model.path or ""
-    grace = spec.readiness.termination_grace_period_seconds
+    budget = shutdown_budget(spec)
     env: dict[str, str] = {
         **({"PREHEAT_MODEL": model_ref} if model_ref else {}),  # empty: embedded default
         "PREHEAT_SERVED_MODEL_NAME": model.served_name or name,
         "PREHEAT_PORT": str(ENGINE_PORT),
-        # In-flight requests get the grace period less what the snapshot flush needs.
-        "PREHEAT_SHUTDOWN_TIMEOUT": str(max(1, grace - SNAPSHOT_FLUSH_RESERVE_S)),
+        # In-flight requests get the grace period less the preStop sleep and the snapshot.
+        "PREHEAT_SHUTDOWN_TIMEOUT": str(budget.drain),
         "PREHEAT_WEIGHT_CACHE_DIR": weight_cache_dir(spec),
         # The root filesystem is read-only: everything that writes goes to mounted dirs.
         "HOME": "/tmp",
@@ -101,6 +139,9 @@ def _engine_env(name: str, spec: ServiceSpec) -> list[dict[str, Any]]:
     if spec.snapshot.enabled:
         env["PREHEAT_SNAPSHOT_DIR"] = SNAPSHOT_DIR
         env["PREHEAT_SNAPSHOT_INTERVAL"] = str(spec.snapshot.interval_seconds)
+        env["PREHEAT_SHUTDOWN_SNAPSHOT_TIMEOUT"] = str(budget.snapshot)
+        if spec.snapshot.peer_fetch:
+            env["PREHEAT_SNAPSHOT_PEER_URL"] = peer_url(name)
     ours = [{"name": k, "value": v} for k, v in env.items()]
     # User env comes last so it can override ours (e.g. PREHEAT_LOG_LEVEL, PREHEAT_DTYPE).
     user_names = {e.get("name") for e in spec.engine.env}
@@ -142,9 +183,12 @@ def _volumes(name: str, spec: ServiceSpec) -> tuple[list[dict[str, Any]], list[d
     if spec.warmup_templates:
         volumes.append({"name": "warmup-templates", "configMap": {"name": spec.warmup_templates}})
         mounts.append({"name": "warmup-templates", "mountPath": TEMPLATES_DIR, "readOnly": True})
-    if spec.snapshot.enabled:
+    if spec.snapshot.shared:
         volumes.append({"name": "snapshots",
                         "persistentVolumeClaim": {"claimName": snapshot_claim_name(name)}})
+        mounts.append({"name": "snapshots", "mountPath": SNAPSHOT_DIR})
+    elif spec.snapshot.enabled:  # PodLocal: any storage works, nothing to bind
+        volumes.append({"name": "snapshots", "emptyDir": {"sizeLimit": spec.snapshot.size}})
         mounts.append({"name": "snapshots", "mountPath": SNAPSHOT_DIR})
     if spec.model.pvc:
         volumes.append({"name": "model",
@@ -181,8 +225,13 @@ def pod_spec(name: str, spec: ServiceSpec) -> dict[str, Any]:
             "capabilities": {"drop": ["ALL"]},
         },
     }
-    if spec.engine.image_pull_policy:
-        container["imagePullPolicy"] = spec.engine.image_pull_policy
+    if r.endpoint_delay_seconds > 0:
+        # For exits the operator did not choose (eviction, node drain, kubectl delete): keep
+        # serving while the endpoints forget the pod, then SIGTERM starts the drain.
+        container["lifecycle"] = {"preStop": {"sleep": {"seconds": r.endpoint_delay_seconds}}}
+    e = spec.engine
+    if e.image_pull_policy:
+        container["imagePullPolicy"] = e.image_pull_policy
     resources = engine_resources(spec)
     if resources:
         container["resources"] = resources
@@ -193,15 +242,32 @@ def pod_spec(name: str, spec: ServiceSpec) -> dict[str, Any]:
         "terminationGracePeriodSeconds": r.termination_grace_period_seconds,
         "readinessGates": [{"conditionType": WARM_CONDITION}],
         "enableServiceLinks": False,
+        # The engine never calls the Kubernetes API: no token in the pod unless asked for.
+        "automountServiceAccountToken": e.automount_service_account_token,
         "securityContext": {
             "runAsNonRoot": True, "runAsUser": RUN_AS, "runAsGroup": RUN_AS, "fsGroup": RUN_AS,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
+        "topologySpreadConstraints": (
+            default_spread(name) if e.topology_spread_constraints is None
+            else [dict(c) for c in e.topology_spread_constraints]),
     }
-    if spec.engine.node_selector:
-        out["nodeSelector"] = spec.engine.node_selector
-    if spec.engine.tolerations:
-        out["tolerations"] = [dict(t) for t in spec.engine.tolerations]
+    if not out["topologySpreadConstraints"]:
+        del out["topologySpreadConstraints"]
+    if e.node_selector:
+        out["nodeSelector"] = e.node_selector
+    if e.tolerations:
+        out["tolerations"] = [dict(t) for t in e.tolerations]
+    if e.affinity:
+        out["affinity"] = dict(e.affinity)
+    if e.image_pull_secrets:
+        out["imagePullSecrets"] = [{"name": n} for n in e.image_pull_secrets]
+    if e.service_account_name:
+        out["serviceAccountName"] = e.service_account_name
+    if e.priority_class_name:
+        out["priorityClassName"] = e.priority_class_name
+    if e.runtime_class_name:
+        out["runtimeClassName"] = e.runtime_class_name
     return out
 
 
@@ -236,6 +302,11 @@ def service(name: str, namespace: str, uid: str) -> dict[str, Any]:
     }
 
 
+def claim_owner_references(name: str, uid: str, spec: ServiceSpec) -> list[dict[str, Any]]:
+    """Owned (deleted with the service) unless snapshot.retainOnDelete keeps it."""
+    return [] if spec.snapshot.retain_on_delete else [owner_reference(name, uid)]
+
+
 def snapshot_claim(name: str, namespace: str, uid: str, spec: ServiceSpec) -> dict[str, Any]:
     pvc_spec: dict[str, Any] = {
         "accessModes": [spec.snapshot.access_mode],
@@ -246,7 +317,8 @@ def snapshot_claim(name: str, namespace: str, uid: str, spec: ServiceSpec) -> di
     return {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
-        "metadata": child_metadata(name, namespace, uid, snapshot_claim_name(name)),
+        "metadata": {**child_metadata(name, namespace, uid, snapshot_claim_name(name)),
+                     "ownerReferences": claim_owner_references(name, uid, spec)},
         "spec": pvc_spec,
     }
 
@@ -257,6 +329,24 @@ def external_metric_selector(name: str) -> dict[str, Any]:
     preheat.dev/role, sanitised to preheat_dev_service / preheat_dev_role), so the adapter
     sums the gauge over this service's serving pods only."""
     return {"matchLabels": {"preheat_dev_service": name, "preheat_dev_role": ROLE_SERVING}}
+
+
+def disruption_budget(name: str, namespace: str, uid: str, spec: ServiceSpec,
+                      ) -> dict[str, Any] | None:
+    """Voluntary evictions (node drains, cluster upgrades) take at most maxUnavailable serving
+    pods at a time; the warm pool covers each one. Warm pods are not covered: losing one
+    costs no capacity. Unready serving pods may always be evicted (they serve nothing)."""
+    pdb = spec.disruption_budget
+    if not pdb.enabled:
+        return None
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": child_metadata(name, namespace, uid),
+        "spec": {"selector": {"matchLabels": selector_labels(name)},
+                 "maxUnavailable": pdb.max_unavailable,
+                 "unhealthyPodEvictionPolicy": "AlwaysAllow"},
+    }
 
 
 def autoscaler(name: str, namespace: str, uid: str, spec: ServiceSpec) -> dict[str, Any] | None:

@@ -22,7 +22,11 @@ LABEL_ROLE = "preheat.dev/role"
 LABEL_TEMPLATE_HASH = "preheat.dev/template-hash"
 ROLE_SERVING = "serving"
 ROLE_WARM = "warm"
+# A serving pod on its way out: already out of the Service's endpoints (it no longer
+# matches role=serving), deleted once they have had time to notice (DRAINING_SINCE).
+ROLE_DRAINING = "draining"
 WARM_CONDITION = "preheat.dev/warm"
+DRAINING_SINCE = "preheat.dev/draining-since"  # pod annotation, RFC 3339
 
 
 @dataclass(frozen=True)
@@ -47,3 +51,4 @@ SERVICES = Resource("", "v1", "services")
 PVCS = Resource("", "v1", "persistentvolumeclaims")
 CONFIGMAPS = Resource("", "v1", "configmaps")
 HPAS = Resource("autoscaling", "v2", "horizontalpodautoscalers")
+PDBS = Resource("policy", "v1", "poddisruptionbudgets")

@@ -8,6 +8,7 @@ reconciler reports as a Degraded condition instead of crashing.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,16 +43,72 @@ class EngineSpec:
     node_selector: dict[str, str] = field(default_factory=dict)
     tolerations: tuple[dict[str, Any], ...] = ()
     tensor_parallel_size: int = 1  # GPUs (ranks) per pod; > 1 requests that many nvidia.com/gpu
+    # Pod settings (issue 12). None/empty: left out of the pod spec.
+    image_pull_secrets: tuple[str, ...] = ()
+    service_account_name: str | None = None
+    # No API token in the engine's pod unless asked for: the engine never calls the API.
+    automount_service_account_token: bool = False
+    affinity: dict[str, Any] = field(default_factory=dict)
+    # None: the default spread (serving and warm pods across nodes, see render.py);
+    # an empty tuple: no spread constraints at all.
+    topology_spread_constraints: tuple[dict[str, Any], ...] | None = None
+    priority_class_name: str | None = None
+    runtime_class_name: str | None = None
+
+
+STORAGE_POD_LOCAL = "PodLocal"  # each pod's own emptyDir; new pods fetch from a ready peer
+STORAGE_SHARED = "SharedVolume"  # one PersistentVolumeClaim mounted by every pod
 
 
 @dataclass(frozen=True)
 class SnapshotSpec:
     enabled: bool = True
+    # PodLocal works on any storage (nothing to bind); SharedVolume survives a restart of
+    # every pod but needs ReadWriteMany storage (or every pod on one node).
+    storage: str = STORAGE_POD_LOCAL
+    peer_fetch: bool = True  # a starting pod fetches a fresh snapshot through the Service
     storage_class: str | None = None
     size: str = "10Gi"
     access_mode: str = "ReadWriteMany"
     interval_seconds: int = 300
-    cache_weights: bool = True  # keep converted GGUF weights on this volume too
+    cache_weights: bool = True  # keep converted GGUF weights on the shared volume too
+    retain_on_delete: bool = False  # keep the shared claim when the service is deleted
+
+    @property
+    def shared(self) -> bool:
+        return self.enabled and self.storage == STORAGE_SHARED
+
+
+@dataclass(frozen=True)
+class FailoverSpec:
+    # A serving pod unready this long (crashed, hung, unschedulable, node lost) is replaced
+    # by promoting a ready warm pod. Long enough to ride out a readiness blip.
+    unready_seconds: int = 5
+
+
+IntOrPercent = int | str
+
+
+@dataclass(frozen=True)
+class RolloutSpec:
+    """Deployment semantics: percents of replicas, maxSurge rounded up, maxUnavailable down.
+    maxUnavailable defaults to 0, not the Deployment's 25%: the warm pool already absorbs a
+    rollout, so dropping serving capacity would only trade users' latency for speed."""
+    max_surge: IntOrPercent = "25%"
+    max_unavailable: IntOrPercent = 0
+    progress_deadline_seconds: int = 600
+
+    def surge(self, replicas: int) -> int:
+        return resolve_int_or_percent(self.max_surge, replicas, round_up=True)
+
+    def unavailable(self, replicas: int) -> int:
+        return resolve_int_or_percent(self.max_unavailable, replicas, round_up=False)
+
+
+@dataclass(frozen=True)
+class DisruptionBudgetSpec:
+    enabled: bool = True
+    max_unavailable: IntOrPercent = 1  # serving pods an eviction may take at once
 
 
 @dataclass(frozen=True)
@@ -83,7 +140,10 @@ class ReadinessSpec:
     startup_timeout_seconds: int = 1800  # model load of a large model from a cold node
     period_seconds: int = 5
     failure_threshold: int = 3
-    termination_grace_period_seconds: int = 60  # drain + snapshot flush
+    termination_grace_period_seconds: int = 60  # endpoint delay + drain + snapshot flush
+    # A leaving serving pod is out of the Service's endpoints this long before it gets
+    # SIGTERM (relabel, then delete; a preStop sleep for evictions): endpoint propagation.
+    endpoint_delay_seconds: int = 5
 
 
 @dataclass(frozen=True)
@@ -96,6 +156,34 @@ class ServiceSpec:
     snapshot: SnapshotSpec = SnapshotSpec()
     autoscaling: AutoscalingSpec | None = None
     readiness: ReadinessSpec = ReadinessSpec()
+    failover: FailoverSpec = FailoverSpec()
+    rollout: RolloutSpec = RolloutSpec()
+    disruption_budget: DisruptionBudgetSpec = DisruptionBudgetSpec()
+
+
+_PERCENT = re.compile(r"^(0|[1-9][0-9]*)%$")
+
+
+def resolve_int_or_percent(value: IntOrPercent, total: int, *, round_up: bool) -> int:
+    """An IntOrString as a Deployment reads it: an int as is, "N%" of total, rounded."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return max(0, value)
+    match = _PERCENT.match(str(value))
+    if not match:
+        raise SpecError("InvalidSpec", f"{value!r} is neither an integer nor a percentage like '25%'")
+    exact = int(match.group(1)) * total
+    return -(-exact // 100) if round_up else exact // 100
+
+
+def _int_or_percent(value: Any, what: str) -> IntOrPercent:
+    if isinstance(value, str) and value.isdigit():
+        value = int(value)
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    if isinstance(value, str) and _PERCENT.match(value):
+        return value
+    raise SpecError("InvalidSpec", f"{what} must be a non-negative integer or a percentage like "
+                    f"'25%', got {value!r}")
 
 
 def _nonneg(value: Any, what: str) -> int:
@@ -184,7 +272,27 @@ def parse_spec(spec: Mapping[str, Any]) -> ServiceSpec:
     if auto:
         autoscaling = _parse_autoscaling(auto)
     templates = spec.get("warmupTemplates") or {}
-    return ServiceSpec(
+    storage = snap.get("storage", STORAGE_POD_LOCAL)
+    if storage not in (STORAGE_POD_LOCAL, STORAGE_SHARED):
+        raise SpecError("InvalidSpec", f"snapshot.storage must be {STORAGE_POD_LOCAL} or "
+                        f"{STORAGE_SHARED}, got {storage!r}")
+    grace = _nonneg(ready.get("terminationGracePeriodSeconds", 60),
+                    "readiness.terminationGracePeriodSeconds")
+    endpoint_delay = _nonneg(ready.get("endpointDelaySeconds", 5), "readiness.endpointDelaySeconds")
+    if endpoint_delay >= grace:
+        raise SpecError("InvalidSpec", "readiness.endpointDelaySeconds must be below "
+                        "terminationGracePeriodSeconds (the grace period also covers the "
+                        "drain and the snapshot)")
+    failover = spec.get("failover") or {}
+    roll = spec.get("rollout") or {}
+    rollout = RolloutSpec(
+        max_surge=_int_or_percent(roll.get("maxSurge", "25%"), "rollout.maxSurge"),
+        max_unavailable=_int_or_percent(roll.get("maxUnavailable", 0), "rollout.maxUnavailable"),
+        progress_deadline_seconds=_nonneg(roll.get("progressDeadlineSeconds", 600),
+                                          "rollout.progressDeadlineSeconds"),
+    )
+    pdb = spec.get("disruptionBudget") or {}
+    out = ServiceSpec(
         model=ModelSource(
             path=model.get("path") or pvc.get("path"),
             pvc=pvc.get("claimName"),
@@ -200,23 +308,51 @@ def parse_spec(spec: Mapping[str, Any]) -> ServiceSpec:
             node_selector=dict(engine.get("nodeSelector") or {}),
             tolerations=tuple(engine.get("tolerations") or ()),
             tensor_parallel_size=_tensor_parallel_size(engine),
+            image_pull_secrets=tuple(s["name"] for s in engine.get("imagePullSecrets") or ()
+                                     if s.get("name")),
+            service_account_name=engine.get("serviceAccountName") or None,
+            automount_service_account_token=bool(engine.get("automountServiceAccountToken", False)),
+            affinity=dict(engine.get("affinity") or {}),
+            topology_spread_constraints=(
+                None if engine.get("topologySpreadConstraints") is None
+                else tuple(engine["topologySpreadConstraints"])),
+            priority_class_name=engine.get("priorityClassName") or None,
+            runtime_class_name=engine.get("runtimeClassName") or None,
         ),
         replicas=_nonneg(spec.get("replicas", 1), "replicas"),
         warm_pool_size=_nonneg((spec.get("warmPool") or {}).get("size", 0), "warmPool.size"),
         warmup_templates=templates.get("configMap"),
         snapshot=SnapshotSpec(
             enabled=bool(snap.get("enabled", True)),
+            storage=storage,
+            peer_fetch=bool(snap.get("peerFetch", True)),
             storage_class=snap.get("storageClassName"),
             size=str(snap.get("size", "10Gi")),
             access_mode=snap.get("accessMode", "ReadWriteMany"),
             interval_seconds=_nonneg(snap.get("intervalSeconds", 300), "snapshot.intervalSeconds"),
             cache_weights=bool(snap.get("cacheWeights", True)),
+            retain_on_delete=bool(snap.get("retainOnDelete", False)),
         ),
         autoscaling=autoscaling,
         readiness=ReadinessSpec(
             startup_timeout_seconds=ready.get("startupTimeoutSeconds", 1800),
             period_seconds=ready.get("periodSeconds", 5),
             failure_threshold=ready.get("failureThreshold", 3),
-            termination_grace_period_seconds=ready.get("terminationGracePeriodSeconds", 60),
+            termination_grace_period_seconds=grace,
+            endpoint_delay_seconds=endpoint_delay,
         ),
+        failover=FailoverSpec(
+            unready_seconds=_nonneg(failover.get("unreadySeconds", 5), "failover.unreadySeconds")),
+        rollout=rollout,
+        disruption_budget=DisruptionBudgetSpec(
+            enabled=bool(pdb.get("enabled", True)),
+            max_unavailable=_int_or_percent(pdb.get("maxUnavailable", 1),
+                                            "disruptionBudget.maxUnavailable")),
     )
+    some = max(1, out.replicas)
+    if out.warm_pool_size == 0 and rollout.surge(some) == 0 and rollout.unavailable(some) == 0:
+        # A Deployment refuses this too: with no surge, no unavailability and no warm pod to
+        # make room with, a rollout could never start a new pod.
+        raise SpecError("InvalidRollout", "rollout.maxSurge and rollout.maxUnavailable are both "
+                        "0 and there is no warm pool: a rollout could never make progress")
+    return out

@@ -1,12 +1,28 @@
-"""The InferenceService status as a pure function of what was observed."""
+"""The InferenceService status as a pure function of what was observed.
+
+Conditions (each with the generation it describes, `observedGeneration`):
+
+- Ready: `replicas` serving pods are ready (the Service has its capacity);
+- WarmPoolReady: `warmPool.size` warm pods are ready to be promoted;
+- SnapshotVolumeBound: the shared snapshot claim is Bound (True when there is none to bind);
+  a claim that stays Pending — typically ReadWriteMany on ReadWriteOnce-only storage — says
+  so here instead of leaving every pod silently Pending;
+- Degraded: the spec cannot be acted on (reason and message say why);
+- Progressing: as a Deployment's — True while pods move towards the spec and when done
+  (reason RolloutComplete); False with reason ProgressDeadlineExceeded once nothing has
+  moved for `rollout.progressDeadlineSeconds` (the rollout is not stopped, only reported);
+- FailoverBackoff: True while repeated failovers are being held back (decide.failover_delay).
+"""
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from preheat.operator.pods import PodView
+from preheat.operator.decide import FailoverHistory, failing_since
+from preheat.operator.pods import PodView, parse_time
 from preheat.operator.resources import ROLE_SERVING, ROLE_WARM
 
 
@@ -17,59 +33,116 @@ class Observation:
     template_hash: str
     pods: tuple[PodView, ...]
     snapshot_enabled: bool
-    snapshot_phase: str | None  # the PVC's status.phase, None when absent
+    snapshot_phase: str | None  # the shared claim's status.phase, None when absent
     degraded: tuple[str, str] | None  # (reason, message)
     generation: int | None
+    snapshot_shared: bool = False  # a shared claim is wanted (snapshot.storage SharedVolume)
+    snapshot_access_mode: str = ""
+    progress_deadline_seconds: float = 600.0
+    history: FailoverHistory = FailoverHistory()
+    backoff_until: float | None = None
+    failing: tuple[str, ...] = ()  # serving pods failing, no replacement promoted yet
+
+
+def _rfc3339(t: float) -> str:
+    return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _live(obs: Observation, role: str) -> list[PodView]:
     return [p for p in obs.pods if p.role == role and not p.terminating and not p.dead]
 
 
-def _cond(ctype: str, ok: bool, reason: str, message: str) -> dict[str, str]:
+def _cond(ctype: str, ok: bool, reason: str, message: str) -> dict[str, Any]:
     return {"type": ctype, "status": "True" if ok else "False", "reason": reason,
             "message": message}
 
 
+def serves(p: PodView) -> bool:
+    """Ready as the Service sees it: warm, gate open, and not on a lost node."""
+    return p.containers_ready and p.gate and failing_since(p, True) is None
+
+
 def compute(obs: Observation, selector: str, previous: Mapping[str, Any] | None,
             now: str) -> dict[str, Any]:
+    previous = previous or {}
+    now_s = parse_time(now) or 0.0
     serving = _live(obs, ROLE_SERVING)
     warm = _live(obs, ROLE_WARM)
-    ready = sum(p.containers_ready and p.gate for p in serving)
-    warm_ready = sum(p.containers_ready for p in warm)
-    outdated = sum(p.template_hash != obs.template_hash for p in serving + warm)
+    ready = sum(serves(p) for p in serving)
+    warm_ready = sum(p.containers_ready and failing_since(p, False) is None for p in warm)
+    updated = [p for p in serving + warm if p.template_hash == obs.template_hash]
+    updated_ready = sum(p.containers_ready for p in updated)
+    outdated = len(serving) + len(warm) - len(updated)
 
+    unschedulable = [p for p in serving + warm if p.unschedulable_since is not None]
+    ready_msg = f"{ready}/{obs.replicas} serving pods ready"
+    if obs.failing:
+        ready_msg += f"; failing, waiting for a warm replacement: {', '.join(obs.failing)}"
+    if unschedulable:
+        ready_msg += (f"; {len(unschedulable)} pod(s) cannot be scheduled: "
+                      f"{unschedulable[0].unschedulable_message or 'Unschedulable'}")
     conds = [
         _cond("Ready", ready >= obs.replicas,
-              "AllReplicasReady" if ready >= obs.replicas else "ReplicasWarming",
-              f"{ready}/{obs.replicas} serving pods ready"),
+              "AllReplicasReady" if ready >= obs.replicas else
+              ("PodsUnschedulable" if unschedulable else "ReplicasWarming"), ready_msg),
         _cond("WarmPoolReady", warm_ready >= obs.warm_pool,
               "PoolFull" if warm_ready >= obs.warm_pool else "PoolWarming",
               f"{warm_ready}/{obs.warm_pool} warm pods ready"),
+        _snapshot_condition(obs),
     ]
-    if not obs.snapshot_enabled:
-        conds.append(_cond("SnapshotVolumeBound", True, "SnapshotsDisabled",
-                           "snapshots are disabled"))
-    else:
-        bound = obs.snapshot_phase == "Bound"
-        conds.append(_cond("SnapshotVolumeBound", bound, "Bound" if bound else "NotBound",
-                           f"snapshot claim is {obs.snapshot_phase or 'absent'}"))
     if obs.degraded:
         conds.append(_cond("Degraded", True, obs.degraded[0], obs.degraded[1]))
     else:
         conds.append(_cond("Degraded", False, "AsExpected", "spec is valid"))
 
+    # Progress: anything about the new template's pods moved since the last status.
+    signature = {"templateHash": obs.template_hash, "updatedReplicas": len(updated),
+                 "updatedReadyReplicas": updated_ready, "outdatedReplicas": outdated,
+                 "readyReplicas": ready, "warmReplicas": warm_ready}
+    moved = any(previous.get(k) != v for k, v in signature.items())
+    before = {c.get("type"): c for c in previous.get("conditions") or []}
+    last_progress = now if moved else (before.get("Progressing") or {}).get("lastUpdateTime", now)
+    complete = (not outdated and ready >= obs.replicas and len(serving) == obs.replicas
+                and warm_ready >= obs.warm_pool and len(warm) == obs.warm_pool)
+    stalled_for = now_s - (parse_time(last_progress) or now_s)
+    if complete:
+        progressing = _cond("Progressing", True, "RolloutComplete",
+                            f"{len(updated)} pods on template {obs.template_hash}, all ready")
+    elif obs.degraded:
+        progressing = _cond("Progressing", False, "Degraded", obs.degraded[1])
+    elif stalled_for > obs.progress_deadline_seconds:
+        progressing = _cond("Progressing", False, "ProgressDeadlineExceeded",
+                            f"no progress for {int(stalled_for)}s (deadline "
+                            f"{int(obs.progress_deadline_seconds)}s): {updated_ready}/"
+                            f"{obs.replicas + obs.warm_pool} pods of template "
+                            f"{obs.template_hash} ready, {outdated} outdated left")
+    else:
+        progressing = _cond("Progressing", True,
+                            "RollingOut" if outdated else "PodsWarming",
+                            f"{updated_ready}/{obs.replicas + obs.warm_pool} pods of template "
+                            f"{obs.template_hash} ready, {outdated} outdated left")
+    progressing["lastUpdateTime"] = last_progress
+    conds.append(progressing)
+
+    if obs.backoff_until is not None:
+        conds.append(_cond("FailoverBackoff", True, "RepeatedFailures",
+                           f"{obs.history.count} failovers in a row; the next one waits "
+                           f"until {_rfc3339(obs.backoff_until)}"))
+    else:
+        conds.append(_cond("FailoverBackoff", False, "NoBackoff",
+                           f"{obs.history.count} failovers in the current streak"))
+
     # A condition's lastTransitionTime moves only when its status flips.
-    before = {c.get("type"): c for c in (previous or {}).get("conditions") or []}
     for c in conds:
         old = before.get(c["type"])
         same = old is not None and old.get("status") == c["status"]
         c["lastTransitionTime"] = old.get("lastTransitionTime", now) if same else now
+        if obs.generation is not None:
+            c["observedGeneration"] = obs.generation
 
     if obs.degraded:
         phase = "Degraded"
-    elif ready >= obs.replicas and warm_ready >= obs.warm_pool and not outdated \
-            and len(serving) == obs.replicas and len(warm) == obs.warm_pool:
+    elif complete:
         phase = "Ready"
     elif obs.replicas > 0 and ready == 0:
         phase = "Pending"
@@ -78,12 +151,30 @@ def compute(obs: Observation, selector: str, previous: Mapping[str, Any] | None,
 
     status: dict[str, Any] = {
         "replicas": len(serving),
-        "readyReplicas": ready,
-        "warmReplicas": warm_ready,
         "selector": selector,
         "phase": phase,
+        **signature,
         "conditions": conds,
     }
+    if obs.history.last is not None:
+        status["failover"] = {"count": obs.history.count, "lastTime": _rfc3339(obs.history.last)}
     if obs.generation is not None:
         status["observedGeneration"] = obs.generation
     return status
+
+
+def _snapshot_condition(obs: Observation) -> dict[str, Any]:
+    if not obs.snapshot_enabled:
+        return _cond("SnapshotVolumeBound", True, "SnapshotsDisabled", "snapshots are disabled")
+    if not obs.snapshot_shared:
+        return _cond("SnapshotVolumeBound", True, "PodLocal",
+                     "snapshots live on each pod's own volume; a new pod fetches one from a "
+                     "ready peer (no claim to bind)")
+    if obs.snapshot_phase == "Bound":
+        return _cond("SnapshotVolumeBound", True, "Bound", "snapshot claim is Bound")
+    return _cond("SnapshotVolumeBound", False, "ClaimPending",
+                 f"snapshot claim is {obs.snapshot_phase or 'absent'}: pods that mount it stay "
+                 f"Pending until it binds. A claim that stays Pending usually means the storage "
+                 f"class cannot provide accessMode {obs.snapshot_access_mode or '?'} (most "
+                 f"ReadWriteOnce-only classes: local-path, EBS, GCE PD cannot give "
+                 f"ReadWriteMany); use snapshot.storage: PodLocal or a ReadWriteMany class")

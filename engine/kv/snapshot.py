@@ -71,6 +71,16 @@ _SNAPSHOT_NAME = re.compile(r"^snap-(\d{20})-([A-Za-z0-9_.-]{1,64})-([0-9a-f]{8}
 _TENSOR_FILE = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}\.safetensors$")
 
 
+def is_snapshot_name(name: str) -> bool:
+    """A complete snapshot directory's name (what list_snapshots reads)."""
+    return bool(_SNAPSHOT_NAME.match(name))
+
+
+def is_snapshot_file_name(name: str) -> bool:
+    """A file a snapshot directory may hold: the manifest or a plainly named tensor file."""
+    return name == MANIFEST or bool(_TENSOR_FILE.match(name))
+
+
 # --------------------------------------------------------------------------- records
 
 

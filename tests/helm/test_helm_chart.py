@@ -30,7 +30,15 @@ RICH_VALUES = {
     "serviceAccount": {"annotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/x"}},
     "metrics": {"podMonitor": {"enabled": True, "interval": "15s",
                                "labels": {"release": "prometheus"}}},
-    "example": {"enabled": True, "name": "demo", "replicas": 2, "warmPoolSize": 1},
+    "example": {"enabled": True, "name": "demo", "replicas": 2, "warmPoolSize": 1,
+                "snapshots": "SharedVolume", "retainSnapshotsOnDelete": True,
+                "failover": {"unreadySeconds": 3},
+                "rollout": {"maxSurge": "50%", "maxUnavailable": 1, "progressDeadlineSeconds": 900},
+                "disruptionBudget": {"maxUnavailable": "25%"},
+                "endpointDelaySeconds": 8,
+                "engine": {"imagePullSecrets": [{"name": "registry"}], "priorityClassName": "llm",
+                           "runtimeClassName": "nvidia", "serviceAccountName": "engine",
+                           "topologySpreadConstraints": []}},
     "autoscaling": {"prometheusAdapter": {"enabled": True},
                     "keda": {"scaledObjects": [{"name": "demo", "maxReplicas": 4,
                                                 "metric": "preheat_num_requests_waiting",
@@ -98,6 +106,22 @@ def test_every_rendered_object_is_valid(helm, tmp_path, values):
             assert (ep["port"], ep["path"]) == ("http", "/metrics")
         else:
             kubernetes_validate.validate(obj, K8S, strict=True)
+
+
+def test_example_values_reach_the_inference_service(helm, tmp_path):
+    [cr] = [o for o in rendered(helm, tmp_path, RICH_VALUES) if o["kind"] == "InferenceService"]
+    spec = cr["spec"]
+    assert spec["snapshot"] == {"enabled": True, "storage": "SharedVolume", "retainOnDelete": True}
+    assert spec["failover"] == {"unreadySeconds": 3}
+    assert spec["rollout"] == {"maxSurge": "50%", "maxUnavailable": 1, "progressDeadlineSeconds": 900}
+    assert spec["disruptionBudget"] == {"enabled": True, "maxUnavailable": "25%"}
+    assert spec["readiness"] == {"endpointDelaySeconds": 8}
+    assert spec["engine"]["runtimeClassName"] == "nvidia" and spec["engine"]["image"]
+    # The defaults render the product's defaults.
+    [cr] = [o for o in rendered(helm, tmp_path, {"example": {"enabled": True}})
+            if o["kind"] == "InferenceService"]
+    assert cr["spec"]["snapshot"]["storage"] == "PodLocal"
+    assert cr["spec"]["rollout"]["maxUnavailable"] == 0
 
 
 def test_rich_values_reach_the_deployment(helm, tmp_path):
@@ -177,6 +201,8 @@ BAD_VALUES = {
                       "at '/operator/logLevel': value must be one of 'debug', 'info'"),
     "bad namespace": (["watch.namespaces[0]=Not_A_Namespace"],
                       "at '/watch/namespaces/0': 'Not_A_Namespace' does not match pattern"),
+    "bad surge": (["example.rollout.maxSurge=lots"], "/example/rollout/maxSurge"),
+    "bad snapshot storage": (["example.snapshots=Somewhere"], "/example/snapshots"),
 }
 
 

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from hypothesis import given, settings
-from hypothesis import strategies as st
-from operator_sim import World, settle
+from operator_sim import World
 
 from preheat.operator.decide import (
     CreatePod,
@@ -121,38 +119,6 @@ def test_no_pods_are_created_while_degraded_but_scaling_down_still_works():
     assert kinds(desired_state(Target(1, 0, "v1", allow_create=False), w.observed())) == ["DeletePod"]
 
 
-def test_rolling_update_adds_one_warm_surge_pod_and_waits_for_it():
-    w = World(hash="v1")
-    for _ in range(2):
-        w.add("serving", ready=True)
-    target = Target(2, 0, "v2")
-    first = desired_state(target, w.observed())
-    assert first == [CreatePod("warm", "PoolBackfill")]
-    w.apply(first, "v2")
-    # The surge pod is not warm yet: nothing old may go.
-    assert desired_state(target, w.observed()) == []
-
-
-def test_rolling_update_never_drops_ready_serving_capacity_and_finishes_on_the_new_template():
-    w = World(hash="v1")
-    for _ in range(3):
-        w.add("serving", ready=True)
-    for _ in range(2):
-        w.add("warm", ready=True)
-    target = Target(3, 2, "v2")
-    for _ in range(100):
-        actions = desired_state(target, w.observed())
-        if not actions and all(p.containers_ready for p in w.pods.values()):
-            break
-        assert sum(isinstance(a, DeletePod) for a in actions) <= 1  # one pod at a time
-        w.apply(actions, "v2")
-        assert len(w.serving(ready=True)) >= 3
-        assert len(w.pods) <= 3 + 2 + 1  # at most one surge pod
-        w.warm_up()
-    assert {p.template_hash for p in w.pods.values()} == {"v2"}
-    assert len(w.serving(ready=True)) == 3 and len(w.warm(ready=True)) == 2
-
-
 def test_reconciling_twice_on_the_same_world_changes_nothing():
     w = World()
     w.add("serving", ready=True)
@@ -165,43 +131,3 @@ def test_reconciling_twice_on_the_same_world_changes_nothing():
     assert desired_state(target, w.observed()) == []
 
 
-pod_states = st.lists(
-    st.tuples(st.sampled_from(["serving", "warm", "other"]), st.booleans(),
-              st.sampled_from(["v1", "v0"]), st.sampled_from(["Running", "Pending", "Failed"])),
-    max_size=8,
-)
-targets = st.tuples(st.integers(0, 5), st.integers(0, 3), st.sampled_from(["v1", "v2"]))
-
-
-def _world(pods) -> World:
-    w = World()
-    for role, ready, h, phase in pods:
-        w.add(role, ready=ready and phase == "Running", hash=h, phase=phase)
-    return w
-
-
-@settings(max_examples=int(__import__("os").environ.get("PREHEAT_HYPOTHESIS_EXAMPLES", 150)), deadline=None)
-@given(pod_states, targets)
-def test_any_world_reaches_a_fixed_point_after_one_application(pods, t):
-    w = _world(pods)
-    target = Target(*t)
-    w.apply(desired_state(target, w.observed()), target.template_hash)
-    assert desired_state(target, w.observed()) == []
-
-
-@settings(max_examples=int(__import__("os").environ.get("PREHEAT_HYPOTHESIS_EXAMPLES", 150)), deadline=None)
-@given(pod_states, st.lists(targets, min_size=1, max_size=4))
-def test_any_sequence_of_spec_changes_converges_to_the_last_spec(pods, sequence):
-    w = _world(pods)
-    for t in sequence:
-        target = Target(*t)
-        # A few rounds under each intermediate spec, as if the user changed it mid-flight.
-        for _ in range(2):
-            w.apply(desired_state(target, w.observed()), target.template_hash)
-            w.warm_up()
-    settle(w, target, desired_state)
-    assert len(w.serving(ready=True)) == target.replicas
-    assert len(w.warm(ready=True)) == target.warm_pool
-    assert len(w.pods) == target.replicas + target.warm_pool
-    assert {p.template_hash for p in w.pods.values()} <= {target.template_hash}
-    assert all(p.gate for p in w.pods.values())

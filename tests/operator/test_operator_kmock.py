@@ -7,20 +7,16 @@ check what the operator did through the API, as a cluster user would.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-import kmock
-import kopf
 import pytest
-from kmock_apiserver import KubeAPIServer, write_kubeconfig
 
-from preheat.operator.config import OperatorConfig
 from preheat.operator.kube import STRATEGIC, Kube
 from preheat.operator.resources import (
     CONFIGMAPS,
     INFERENCE_SERVICES,
+    PDBS,
     PODS,
     PVCS,
     SERVICES,
@@ -58,38 +54,20 @@ async def eventually(check: Callable[[], Awaitable[Any]], timeout: float = 15.0)
         await asyncio.sleep(0.1)
 
 
-@pytest.fixture
-async def cluster(tmp_path, monkeypatch) -> AsyncIterator[Kube]:
-    """An emulated API server with the operator running against it; yields a user client."""
-    async with KubeAPIServer() as api, kmock.Server(api) as server:
-        monkeypatch.setenv("KUBECONFIG", str(write_kubeconfig(tmp_path, server.url)))
-        from preheat.operator import handlers
-
-        stop = asyncio.Event()
-        memo = handlers.OperatorState(config=OperatorConfig(namespaces=(NS,), standalone=True,
-                                                            resync_seconds=1.0))
-        operator = asyncio.create_task(kopf.operator(
-            standalone=True, namespaces=[NS], memo=memo, stop_flag=stop))
-        user = Kube(kopf.ConnectionInfo(server=str(server.url).rstrip("/")))
-        try:
-            yield user
-        finally:
-            stop.set()
-            with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
-                await asyncio.wait_for(operator, timeout=10)
-            await user.close()
-        # kopf ends its root task by cancellation when stopped; anything else is a crash.
-        assert operator.cancelled() or operator.exception() is None
-
-
 async def pods_of(kube: Kube, name: str, role: str | None = None) -> list[dict[str, Any]]:
     labels = {"preheat.dev/service": name, **({"preheat.dev/role": role} if role else {})}
     return await kube.list(PODS, NS, labels)
 
 
+def _now() -> str:
+    import datetime
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 async def play_kubelet(kube: Kube, pod: dict[str, Any], ready: bool = True) -> None:
-    """What the kubelet reports once the engine's /ready probe answers 200."""
-    cond = {"type": "ContainersReady", "status": "True" if ready else "False"}
+    """What the kubelet reports once the engine's /ready probe answers 200 (or stops)."""
+    cond = {"type": "ContainersReady", "status": "True" if ready else "False",
+            "lastTransitionTime": _now()}
     await kube.patch(PODS, NS, pod["metadata"]["name"],
                      {"status": {"phase": "Running", "conditions": [cond]}},
                      subresource="status", content_type=STRATEGIC)
@@ -107,7 +85,8 @@ async def test_a_service_gets_owned_children_exact_status_and_promotes_on_scale(
     await kube.create(CONFIGMAPS, NS, {"metadata": {"name": "templates"},
                                        "data": {"chat.yaml": "name: chat\n"}})
     created = await kube.create(INFERENCE_SERVICES, NS, sample(
-        "chat", replicas=2, warmPool={"size": 1}, warmupTemplates={"configMap": "templates"}))
+        "chat", replicas=2, warmPool={"size": 1}, warmupTemplates={"configMap": "templates"},
+        snapshot={"storage": "SharedVolume"}))
     uid = created["metadata"]["uid"]
 
     async def three_pods():
@@ -120,8 +99,11 @@ async def test_a_service_gets_owned_children_exact_status_and_promotes_on_scale(
     # Children are owned by the resource, so deleting it cascades.
     svc = await kube.get(SERVICES, NS, "chat")
     pvc = await kube.get(PVCS, NS, "chat-snapshots")
-    for child in [*pods, svc, pvc]:
+    pdb = await kube.get(PDBS, NS, "chat")
+    for child in [*pods, svc, pvc, pdb]:
         assert [r["uid"] for r in child["metadata"]["ownerReferences"]] == [uid]
+    assert pdb["spec"]["selector"]["matchLabels"] == {"preheat.dev/service": "chat",
+                                                      "preheat.dev/role": "serving"}
     assert svc["spec"]["selector"] == {"preheat.dev/service": "chat", "preheat.dev/role": "serving"}
     spec = pods[0]["spec"]
     assert spec["readinessGates"] == [{"conditionType": WARM_CONDITION}]

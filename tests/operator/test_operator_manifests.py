@@ -42,6 +42,8 @@ def test_every_object_rendered_from_a_sample_is_a_valid_1_30_object(sample):
         render.service(name, ns, uid),
         render.snapshot_claim(name, ns, uid, spec),
     ]
+    if spec.disruption_budget.enabled:
+        objects.append(render.disruption_budget(name, ns, uid, spec))
     hpa = render.autoscaler(name, ns, uid, spec)
     assert (hpa is None) == (spec.autoscaling is None or spec.autoscaling.engine_mode)
     if hpa is not None:
@@ -97,6 +99,20 @@ BAD = {
     "unknown access mode": ({"snapshot": {"accessMode": "ReadMany"}}, "is not one of"),
     "unknown field": ({"replicaz": 3}, ".spec.replicaz: field not declared in schema"),
     "pvc without claim": ({"model": {"pvc": {"path": "x"}}}, "'claimName' is a required property"),
+    "unknown snapshot storage": ({"snapshot": {"storage": "Somewhere"}}, "is not one of"),
+    "surge not a percentage": ({"rollout": {"maxSurge": "lots"}},
+                               "rollout.maxSurge must be a non-negative integer or a percentage"),
+    "negative surge": ({"rollout": {"maxSurge": -1}},
+                       "rollout.maxSurge must be a non-negative integer or a percentage"),
+    "unavailable not a percentage": ({"rollout": {"maxUnavailable": "25 %"}},
+                                     "rollout.maxUnavailable must be a non-negative integer"),
+    "bad budget": ({"disruptionBudget": {"maxUnavailable": "one"}},
+                   "disruptionBudget.maxUnavailable must be a non-negative integer"),
+    "negative failover grace": ({"failover": {"unreadySeconds": -1}}, "less than the minimum of 0"),
+    "endpoint delay beyond the grace": (
+        {"readiness": {"terminationGracePeriodSeconds": 10, "endpointDelaySeconds": 10}},
+        "readiness.endpointDelaySeconds must be below terminationGracePeriodSeconds"),
+    "zero deadline": ({"rollout": {"progressDeadlineSeconds": 0}}, "less than the minimum of 1"),
 }
 
 
@@ -195,3 +211,80 @@ def test_an_hpa_as_the_server_returns_it_is_not_patched_again():
     assert _contains(have, want)
     have["maxReplicas"] = 9
     assert not _contains(have, want)
+
+
+RICH = {
+    "replicas": 4, "warmPool": {"size": 2},
+    "engine": {
+        "image": "img",
+        "imagePullSecrets": [{"name": "registry"}],
+        "serviceAccountName": "engine",
+        "automountServiceAccountToken": True,
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": [
+                {"key": "gpu", "operator": "In", "values": ["h100"]}]}]}}},
+        "topologySpreadConstraints": [{"maxSkew": 2, "topologyKey": "kubernetes.io/hostname",
+                                       "whenUnsatisfiable": "DoNotSchedule",
+                                       "labelSelector": {"matchLabels": {"x": "y"}}}],
+        "priorityClassName": "inference",
+        "runtimeClassName": "nvidia",
+    },
+    "snapshot": {"storage": "SharedVolume", "accessMode": "ReadWriteMany", "retainOnDelete": True},
+    "failover": {"unreadySeconds": 3},
+    "rollout": {"maxSurge": "50%", "maxUnavailable": 1, "progressDeadlineSeconds": 120},
+    "disruptionBudget": {"maxUnavailable": "25%"},
+    "readiness": {"terminationGracePeriodSeconds": 90, "endpointDelaySeconds": 10},
+}
+
+
+def test_every_new_field_passes_the_schema_and_renders_valid_objects():
+    cr = _cr(**RICH)
+    assert crd_schema.errors(cr) == []
+    cr = crd_schema.apply_defaults(cr, crd_schema.load_schema())
+    spec = parse_spec(cr["spec"])
+    assert (spec.rollout.surge(4), spec.rollout.unavailable(4)) == (2, 1)
+    pod = render.pod("svc", "default", "uid", spec, "svc-abc123", "warm")
+    pdb = render.disruption_budget("svc", "default", "uid", spec)
+    claim = render.snapshot_claim("svc", "default", "uid", spec)
+    for obj in (pod, pdb, claim):
+        kubernetes_validate.validate(obj, K8S, strict=True)
+    ps = pod["spec"]
+    assert ps["imagePullSecrets"] == [{"name": "registry"}]
+    assert ps["serviceAccountName"] == "engine" and ps["automountServiceAccountToken"] is True
+    assert ps["affinity"] == RICH["engine"]["affinity"]
+    assert ps["topologySpreadConstraints"] == RICH["engine"]["topologySpreadConstraints"]
+    assert (ps["priorityClassName"], ps["runtimeClassName"]) == ("inference", "nvidia")
+    assert ps["containers"][0]["lifecycle"] == {"preStop": {"sleep": {"seconds": 10}}}
+    assert pdb["spec"]["maxUnavailable"] == "25%"
+    assert claim["metadata"]["ownerReferences"] == []  # retainOnDelete
+
+
+def test_engine_pods_by_default_spread_carry_no_token_and_split_the_grace_period():
+    cr = crd_schema.apply_defaults(_cr(), crd_schema.load_schema())
+    spec = parse_spec(cr["spec"])
+    pod = render.pod("svc", "default", "uid", spec, "svc-abc123", "warm")
+    ps = pod["spec"]
+    assert ps["automountServiceAccountToken"] is False
+    assert "serviceAccountName" not in ps
+    keys = {c["topologyKey"] for c in ps["topologySpreadConstraints"]}
+    assert keys == {"kubernetes.io/hostname", "topology.kubernetes.io/zone"}
+    assert all(c["whenUnsatisfiable"] == "ScheduleAnyway" and
+               c["labelSelector"] == {"matchLabels": {"preheat.dev/service": "svc"}}
+               for c in ps["topologySpreadConstraints"])
+    env = {e["name"]: e["value"] for e in ps["containers"][0]["env"]}
+    # preStop sleep + drain + snapshot + a second to exit fit in the grace period.
+    budget = (int(ps["containers"][0]["lifecycle"]["preStop"]["sleep"]["seconds"])
+              + int(env["PREHEAT_SHUTDOWN_TIMEOUT"]) + int(env["PREHEAT_SHUTDOWN_SNAPSHOT_TIMEOUT"]))
+    assert budget < ps["terminationGracePeriodSeconds"]
+    # Pod-local snapshots: an emptyDir, and the Service as the peer to fetch from.
+    [snap] = [v for v in ps["volumes"] if v["name"] == "snapshots"]
+    assert "emptyDir" in snap
+    assert env["PREHEAT_SNAPSHOT_PEER_URL"] == "http://svc:8000"
+    assert render.disruption_budget("svc", "default", "uid", spec)["spec"]["maxUnavailable"] == 1
+
+
+def test_no_spread_when_the_user_says_so():
+    cr = crd_schema.apply_defaults(_cr(engine={"image": "x", "topologySpreadConstraints": []}),
+                                   crd_schema.load_schema())
+    pod = render.pod("svc", "default", "uid", parse_spec(cr["spec"]), "svc-abc123", "warm")
+    assert "topologySpreadConstraints" not in pod["spec"]

@@ -1,5 +1,6 @@
-"""Converted GGUF weights live on the shared snapshot volume, so only the first pod of a
-service pays the conversion; without that volume they stay on the pod's own emptyDir."""
+"""Converted GGUF weights live on the shared snapshot volume (snapshot.storage:
+SharedVolume), so only the first pod of a service pays the conversion; without that volume
+(the default, PodLocal) they stay on the pod's own emptyDir."""
 
 from __future__ import annotations
 
@@ -25,18 +26,22 @@ def mounted_at(spec: dict, directory: str) -> str:
 
 
 BASE = {"engine": {"image": "img"}}
+SHARED = {**BASE, "snapshot": {"storage": "SharedVolume"}}
 
 
-def test_by_default_the_weight_cache_is_on_the_snapshot_volume():
-    env = engine_env(BASE)
+def test_with_a_shared_volume_the_weight_cache_is_on_it():
+    env = engine_env(SHARED)
     assert env["PREHEAT_WEIGHT_CACHE_DIR"] == "/var/lib/preheat/snapshots/weights"
-    assert mounted_at(BASE, env["PREHEAT_WEIGHT_CACHE_DIR"]) == "snapshots"
+    assert mounted_at(SHARED, env["PREHEAT_WEIGHT_CACHE_DIR"]) == "snapshots"
+    pod = render.pod("svc", "ns", "uid-1", parse_spec(SHARED), "svc-abc123", "warm")
+    [snap] = [v for v in pod["spec"]["volumes"] if v["name"] == "snapshots"]
+    assert snap["persistentVolumeClaim"]["claimName"] == "svc-snapshots"
 
 
 @pytest.mark.parametrize(
     "snapshot",
-    [{"enabled": False}, {"cacheWeights": False}],
-    ids=["no snapshot volume", "weight caching turned off"],
+    [{}, {"enabled": False}, {"storage": "SharedVolume", "cacheWeights": False}],
+    ids=["pod-local snapshots (default)", "no snapshots", "weight caching turned off"],
 )
 def test_otherwise_it_is_on_the_pods_own_cache_dir(snapshot):
     spec = {**BASE, "snapshot": snapshot}

@@ -111,6 +111,10 @@ def test_loading_then_ready_then_drain_on_sigterm(tmp_path):
         assert draining.status_code == 503
         late = httpx.post(server.url + "/v1/completions", json={"model": MODEL, "prompt": "a"})
         assert late.status_code == 503
+        # ... and closes its connection: a kept-alive client's retry then opens a new one,
+        # which the Service sends to a pod still serving (engine/connection_close.py).
+        assert late.headers.get("connection") == "close"
+        assert r.headers.get("connection") != "close"  # before draining: kept alive
 
         thread.join(60)
         assert result["events"][-1] == "[DONE]"
@@ -118,6 +122,22 @@ def test_loading_then_ready_then_drain_on_sigterm(tmp_path):
         assert server.proc.wait(30) == 0
         log = server.log()
         assert "draining" in log and "all requests finished" in log
+    finally:
+        server.stop(signal.SIGKILL)
+
+
+def test_sigterm_while_the_model_loads_exits_0_at_once(tmp_path):
+    """A pod deleted during its start-up: the process exits 0 without waiting for the load
+    (which would outlive the grace period) and without aborting in the loader's thread."""
+    server = start_server(tmp_path, wait_ready=False)
+    try:
+        first = wait_for(server, lambda r: True, timeout=60)
+        assert first.json()["phase"] == "loading", first.text
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.proc.wait(60) == 0
+        log = server.log()
+        assert "terminate called" not in log and "Aborted" not in log
+        assert "exiting during start-up" in log or "ready in" in log, log[-2000:]
     finally:
         server.stop(signal.SIGKILL)
 

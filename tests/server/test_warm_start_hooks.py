@@ -139,3 +139,40 @@ async def test_drain_hands_every_stream_its_abort_even_when_steps_are_slow(monke
     await asyncio.wait_for(task, 10)
     assert outs[-1].finished and outs[-1].finish_reason == "abort"
     assert aengine.num_in_flight == 0
+
+
+def test_start_up_work_runs_on_a_daemon_thread_that_exit_does_not_wait_for():
+    """A pod deleted while its model loads exits at once (SIGTERM -> drain -> exit), rather
+    than when the load thread ends: asyncio.run joins the default executor's threads, not
+    this one."""
+    import threading
+
+    from preheat.engine.lifecycle import in_daemon_thread
+
+    release, started = threading.Event(), threading.Event()
+
+    def slow_load() -> str:
+        started.set()
+        release.wait(60)
+        return "engine"
+
+    async def main() -> None:
+        task = asyncio.ensure_future(in_daemon_thread(slow_load))
+        await asyncio.get_running_loop().run_in_executor(None, started.wait, 10)
+        task.cancel()
+
+    asyncio.run(main())
+    assert not release.is_set()  # asyncio.run returned while the load still runs
+    release.set()
+
+    async def ok() -> str:
+        return await in_daemon_thread(lambda: "loaded")
+
+    async def boom() -> None:
+        def fail() -> None:
+            raise RuntimeError("no weights")
+        await in_daemon_thread(fail)
+
+    assert asyncio.run(ok()) == "loaded"
+    with pytest.raises(RuntimeError, match="no weights"):
+        asyncio.run(boom())

@@ -10,7 +10,9 @@ One story, shared by the tests to keep server starts few (each costs seconds on 
    - `refusing` on a dir holding one damaged copy of that snapshot per kind of damage, all
      newer than one good copy: every damage is refused (log + metric reason) and the good
      copy is restored.
-3. `restarted` and `twin` snapshot at once into their shared dir, then stop at once: every
+3. A server with an empty snapshot dir fetches the newest snapshot from `restarted` (its
+   peer) over HTTP and restores its hot prefixes (pod-local snapshots, any storage).
+4. `restarted` and `twin` snapshot at once into their shared dir, then stop at once: every
    snapshot is valid and the newest one is what a reader restores.
 """
 
@@ -211,6 +213,30 @@ def test_every_damaged_snapshot_is_refused_and_the_engine_still_becomes_ready(se
     assert httpx.get(second.refusing.url + "/ready").status_code == 200
 
 
+def test_a_pod_with_an_empty_snapshot_dir_restores_its_peers_hot_prefixes(
+    second, tmp_path_factory, tokenizer, system_prompt
+):
+    """Pod-local snapshots (any storage): a new engine with an empty directory fetches the
+    newest snapshot from a ready peer over HTTP (with the API key) before it turns ready,
+    and its first request finds the peer's pinned prefix in the cache."""
+    tmp = tmp_path_factory.mktemp("peer")
+    own = tmp / "snapshots"
+    srv = start(tmp, "--snapshot-dir", str(own), "--snapshot-peer-url", second.restarted.url,
+                name="from-peer")
+    try:
+        srv.wait_ready()
+        text = srv.metrics()
+        assert metric(text, "preheat_snapshot_peer_fetches_total", result="fetched") == 1
+        pin_tokens = len(chat_pin_ids(tokenizer, system_prompt))
+        body = chat(srv, system_prompt, "Do you ship to Norway?")
+        cached = body["usage"]["prompt_tokens_details"]["cached_tokens"]
+        assert cached >= 0.95 * pin_tokens, (cached, pin_tokens)
+        assert metric(text, "preheat_snapshot_restored_tokens") >= cached
+        assert len(list_snapshots(own)) == 1  # the peer's snapshot, now the pod's own
+    finally:
+        srv.stop()
+
+
 def test_two_writers_sharing_one_directory_leave_only_valid_snapshots_newest_wins(second, first):
     pair = (second.restarted, second.twin)
 
@@ -255,3 +281,4 @@ def test_an_invalid_template_fails_the_start_at_once_naming_file_and_field(tmp_p
     assert done.returncode == 2
     assert "broken.yaml: max_tokens:" in done.stderr
     assert "loading model" not in done.stderr  # refused before the model loads
+
