@@ -204,9 +204,9 @@ def _report_failovers(body: Mapping[str, Any], p: Plan, target: Target,
                       previous: Mapping[str, Any], events: EventSink) -> None:
     for failed, promoted, why in p.failovers:
         cover = f"promoted warm pod {promoted}" if promoted else "the pool is refilled"
-        events(body, "Warning", "FailedOver",
-               f"pod {failed} could not serve for {target.unready_seconds:g}s or more "
-               f"({why}); {cover}, {failed} is deleted")
+        cause = "its container died (Crashed)" if why == "Crashed" else \
+            f"it could not serve for {target.unready_seconds:g}s or more ({why})"
+        events(body, "Warning", "FailedOver", f"pod {failed}: {cause}; {cover}, {failed} is deleted")
     was = any(c.get("type") == "FailoverBackoff" and c.get("status") == "True"
               for c in previous.get("conditions") or [])
     if p.backoff_until is not None and not was:
