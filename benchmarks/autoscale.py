@@ -3,8 +3,8 @@
 Per trial an InferenceService of the embedded model with `autoscaling.metric.type: Engine`
 (preheat_num_requests_running, target 4 per pod, max 2 replicas) is applied on the e2e local
 cluster (API emulator + real operator + local kubelet, docs/e2e.md); many concurrent
-streaming `openai` clients load its one serving pod through the harness Router (a stand-in
-for the Service); the clock runs from the first request to the second Ready serving pod, and
+streaming `openai` clients load its one serving pod through the Service (the harness's
+stand-in, e2e/service_proxy.py); the clock runs from the first request to the second Ready serving pod, and
 from the end of the last request to the service being back at minReplicas (1). Warm trials
 (`warmPool.size: 1`, the second pod is promoted) and cold trials (`warmPool.size: 0`, the
 operator creates it) alternate.
@@ -86,7 +86,7 @@ def _failures(outs: list[Outcome]) -> str:
     kinds: dict[str, int] = {}
     for o in outs:
         for e in o.load.errors:
-            kind = e.split(": ", 1)[-1][:80] if e.startswith("http") else e
+            kind = e[:80]
             kinds[kind] = kinds.get(kind, 0) + 1
     return "; ".join(f"{n} × {k}" for k, n in sorted(kinds.items(), key=lambda x: -x[1])) or "none"
 
@@ -137,8 +137,9 @@ The built-in autoscaler (`autoscaling.metric.type: Engine`, `preheat_num_request
 Measured in one run of `benchmarks/autoscale.py` on the local harness (docs/e2e.md): the
 API emulator, the real operator (`preheat operator --autoscale-interval {a.interval}`, a
 subprocess), real `preheat serve` engines with the embedded SmolLM2-135M model, and the
-clients in a process of their own with the harness Router standing in for the Service
-(each request to a random Ready serving pod, e2e/load_clients.py).
+clients in a process of their own (e2e/load_clients.py) sending through the harness's
+Service stand-in (e2e/service_proxy.py: Ready serving pods only, one connection per
+request, round robin).
 Warm and cold trials alternate. Readiness probe: every 1 s, 1 s timeout, failure threshold
 {a.failure_threshold or "3 (the default)"}.
 

@@ -2,14 +2,14 @@
 
 An InferenceService with `autoscaling.metric.type: Engine` (preheat_num_requests_running,
 target 4 per pod) starts with 1 serving + N warm pods. Many concurrent streaming `openai`
-SDK clients then load it through a Router that stands in for the Service; the operator
-reads the load from the pods' /metrics, scales up, the warm pod is promoted and takes its
-share; the load stops, and after the (shortened) scale-down window the service is back at
-minReplicas — and every request succeeded.
+SDK clients then load it through the Service (on the local harness its stand-in,
+e2e/service_proxy.py: ready role=serving pods only); the operator reads the load from the
+pods' /metrics, scales up, the warm pod is promoted and takes its share; the load stops,
+and after the (shortened) scale-down window the service is back at minReplicas — and every
+request succeeded.
 
-The clients and their Router (HARNESS code standing in for the Service) run in a process
-of their own, e2e/load_clients.py: in the test's event loop they would slow the API
-emulator and the kubelet's probes that share it.
+The clients run in a process of their own, e2e/load_clients.py: in the test's event loop
+they would slow the API emulator and the kubelet's probes that share it.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from typing import Any
 
 from e2e import manifests, scenario
 from e2e.load_clients import Load
-from e2e.scenario import Driver, Timings
+from e2e.local_cluster import LocalCluster
+from e2e.scenario import Timings
 from e2e.waiting import eventually
 from preheat.operator.resources import CONFIGMAPS, INFERENCE_SERVICES, Resource
 
@@ -46,8 +47,8 @@ def autoscaling(max_replicas: int, down_window_s: int, up_window_s: int = 0) -> 
 class LoadProcess:
     """The clients (e2e/load_clients.py) as a process of their own: see its docstring."""
 
-    def __init__(self, d: Driver, service: str, clients: int, max_tokens: int) -> None:
-        self.args = ["--api", d.kube.server, "--namespace", d.namespace, "--service", service,
+    def __init__(self, url: str, service: str, clients: int, max_tokens: int) -> None:
+        self.args = ["--url", url, "--service", service,
                      "--clients", str(clients), "--max-tokens", str(max_tokens)]
         self._dir = tempfile.TemporaryDirectory(prefix="preheat-load-")
         self.out = Path(self._dir.name) / "load.json"
@@ -80,13 +81,13 @@ class LoadProcess:
         self._dir.cleanup()
 
 
-async def replicas_of(d: Driver, service: str) -> int:
+async def replicas_of(d: LocalCluster, service: str) -> int:
     body = await d.kube.get(INFERENCE_SERVICES, d.namespace, service)
     assert body is not None
     return int(body["spec"]["replicas"])
 
 
-async def decisions(d: Driver, service: str) -> list[tuple[str, str]]:
+async def decisions(d: LocalCluster, service: str) -> list[tuple[str, str]]:
     """(reason, message) of the SuccessfulRescale Events on the service, oldest first."""
     events = await d.kube.list(EVENTS, d.namespace, {})
     return [(e.get("reason", ""), e.get("message", "")) for e in events
@@ -101,12 +102,13 @@ class Outcome:
     load_start: float  # monotonic
     second_ready_at: float  # monotonic: the second serving pod Ready
     promoted: bool  # the second serving pod was a warm pod (no process started to serve)
+    by_pod: dict[str, int]  # connections (= requests) the Service sent to each pod
     replicas_seen: list[int]  # spec.replicas observed while loaded (flapping shows here)
     statuses: list[dict[str, Any]]  # status.autoscaling whenever its reason changed
     rescales: list[tuple[str, str]]
 
 
-async def scale_on_load(d: Driver, service: str, *, warm_pool: int, clients: int,
+async def scale_on_load(d: LocalCluster, service: str, *, warm_pool: int, clients: int,
                         max_replicas: int, down_window_s: int, hold_s: float,
                         max_tokens: int = 24, image: str = manifests.DEFAULT_IMAGE,
                         require_no_failures: bool = True,
@@ -131,6 +133,11 @@ async def scale_on_load(d: Driver, service: str, *, warm_pool: int, clients: int
         return (len(ready["serving"]), len(ready["warm"])) == (1, warm_pool) and \
             (st.get("autoscaling") or {}).get("reportingPods") == 1
     await eventually(settled, scenario.START_TIMEOUT_S, interval=0.2)
+
+    async def routed():  # the Service follows readiness a moment later, as kube-proxy does
+        ready = await scenario.ready_by_role(d, service)
+        return await d.service_endpoints(service) == set(ready["serving"])
+    await eventually(routed, scenario.START_TIMEOUT_S, interval=0.1)
     t["initial_ready_s"] = time.monotonic() - start
     warm_before = set((await scenario.ready_by_role(d, service))["warm"])
     pods_before = {scenario.name_of(p) for p in await scenario.pods_of(d, service)}
@@ -146,7 +153,7 @@ async def scale_on_load(d: Driver, service: str, *, warm_pool: int, clients: int
             await asyncio.sleep(0.1)
 
     stop_watch = asyncio.Event()
-    clients_proc = LoadProcess(d, service, clients, max_tokens)
+    clients_proc = LoadProcess(await d.service_url(service), service, clients, max_tokens)
     watcher = None
     try:
         load_start = await clients_proc.start()
@@ -186,5 +193,6 @@ async def scale_on_load(d: Driver, service: str, *, warm_pool: int, clients: int
     if require_no_failures:
         assert load.failed == 0, (load.failed, load.errors[:5])
         assert load.ok == load.sent > 0
-    return Outcome(t, load, load_start, second_ready_at, promoted, replicas_seen, statuses,
+    return Outcome(t, load, load_start, second_ready_at, promoted,
+                   await d.service_connections(service), replicas_seen, statuses,
                    await decisions(d, service))

@@ -67,6 +67,16 @@ class LocalCluster:
         assert self.services is not None
         return await self.services.url(service)
 
+    async def service_endpoints(self, service: str) -> set[str]:
+        """The pods the Service's stand-in routes new connections to now."""
+        assert self.services is not None
+        return set((await self.services.proxy(service)).endpoints)
+
+    async def service_connections(self, service: str) -> dict[str, int]:
+        """Connections the Service's stand-in has sent to each pod so far."""
+        assert self.services is not None
+        return dict((await self.services.proxy(service)).stats.connections)
+
     async def crash(self, pod: str) -> None:
         await self.kubelet.kill(pod, signal.SIGKILL)
 

@@ -29,7 +29,7 @@ async def test_engine_load_scales_up_by_promotion_and_back_down_with_no_failed_r
             # Under sustained load the count stays at 2: no flapping.
             assert set(outcome.replicas_seen) == {2}, outcome.replicas_seen
             # Both serving pods took traffic once the second one was Ready.
-            assert len(outcome.load.by_endpoint) == 2, outcome.load.by_endpoint
+            assert len(outcome.by_pod) == 2, outcome.by_pod
             sizes = [m.split(";")[0] for _, m in outcome.rescales]
             assert sizes == ["New size: 2", "New size: 1"], outcome.rescales
             reasons = [s["reason"] for s in outcome.statuses]
@@ -45,5 +45,5 @@ async def test_engine_load_scales_up_by_promotion_and_back_down_with_no_failed_r
             if outcome is not None:
                 print("autoscale timings:", json.dumps(outcome.timings.values, indent=1))
                 print("requests:", outcome.load.sent, "failed:", outcome.load.failed,
-                      "by pod:", outcome.load.by_endpoint)
+                      "by pod:", outcome.by_pod)
                 print("decisions:", json.dumps(outcome.statuses, indent=1))
