@@ -3,7 +3,8 @@
 Conditions (each with the generation it describes, `observedGeneration`):
 
 - Ready: `replicas` serving pods are ready (the Service has its capacity);
-- WarmPoolReady: `warmPool.size` warm pods are ready to be promoted;
+- WarmPoolReady: `warmPool.size` warm pods are ready to be promoted (engine warm, and the
+  operator has opened their warm gate);
 - SnapshotVolumeBound: the shared snapshot claim is Bound (True when there is none to bind);
   a claim that stays Pending — typically ReadWriteMany on ReadWriteOnce-only storage — says
   so here instead of leaving every pod silently Pending;
@@ -69,7 +70,11 @@ def compute(obs: Observation, selector: str, previous: Mapping[str, Any] | None,
     serving = _live(obs, ROLE_SERVING)
     warm = _live(obs, ROLE_WARM)
     ready = sum(serves(p) for p in serving)
-    warm_ready = sum(p.containers_ready and failing_since(p, False) is None for p in warm)
+    # Like a serving pod, a warm pod counts once its gate is open: until then the operator
+    # has not acted on its readiness (a status computed from a fresh list of pods could
+    # otherwise say "pool full" — and phase Ready — a pass before the gate opens).
+    warm_ready = sum(p.containers_ready and p.gate and failing_since(p, False) is None
+                     for p in warm)
     updated = [p for p in serving + warm if p.template_hash == obs.template_hash]
     updated_ready = sum(p.containers_ready for p in updated)
     outdated = len(serving) + len(warm) - len(updated)

@@ -24,7 +24,7 @@ from kmock_apiserver import KubeAPIServer, write_kubeconfig
 from preheat.engine.metrics import Metrics
 from preheat.operator.config import OperatorConfig
 from preheat.operator.kube import STRATEGIC, Kube
-from preheat.operator.resources import HPAS, INFERENCE_SERVICES, PODS, Resource
+from preheat.operator.resources import CONFIGMAPS, HPAS, INFERENCE_SERVICES, PODS, Resource
 
 NS = "default"
 EVENTS = Resource("", "v1", "events")
@@ -223,15 +223,98 @@ async def test_engine_load_scales_up_by_promotion_and_back_down_after_the_window
             and st.get("lastScaleTime") != scaled_up_at
     await eventually(scaled_down)
 
-    async def one_serving():
+    # The pool is full: both leaving serving pods go gracefully — out of the Service's
+    # endpoints first (role=draining), deleted once the endpoint delay has passed.
+
+    async def one_serving_two_draining():
         r = await pods_by_role(kube, "chat")
-        return len(r["serving"]) == 1 and len(r["warm"]) == 1
-    await eventually(one_serving)
+        return r if len(r["serving"]) == 1 and len(r["warm"]) == 1 \
+            and len(r.get("draining", [])) == 2 else None
+    drained = set((await eventually(one_serving_two_draining))["draining"])
+    assert drained <= set(roles["serving"])
+
+    async def drained_and_deleted():
+        names = {n for ns in (await pods_by_role(kube, "chat")).values() for n in ns}
+        reasons = [(e.get("reason"), e.get("message", "")) for e in await kube.list(EVENTS, NS, {})]
+        return not (names & drained) and all(
+            any(r == "Draining" and p in m for r, m in reasons)
+            and any(r == "Drained" and p in m for r, m in reasons) for p in drained)
+    await eventually(drained_and_deleted)
 
     async def scale_down_event():
         return any(e.get("reason") == "SuccessfulRescale" and e["message"].startswith("New size: 1;")
                    for e in await kube.list(EVENTS, NS, {}))
     await eventually(scale_down_event)
+
+
+async def test_an_autoscaled_scale_down_demotes_into_a_pool_below_size_and_drains_the_rest(cluster):
+    """Issue 19: scale-down by the built-in autoscaler takes serving pods out gracefully, and
+    a ready serving pod goes back into the warm pool instead when the pool is below size.
+    The pool is kept below size here by a missing warmup ConfigMap (Degraded: no new pods)
+    and a deleted warm pod."""
+    kube, engines = cluster
+    await kube.create(CONFIGMAPS, NS, {"metadata": {"name": "tpl"}, "data": {"t.yaml": "name: t\n"}})
+    body = autoscaled("shrink", scaleUpStabilizationSeconds=0, scaleDownStabilizationSeconds=1)
+    body["spec"]["warmupTemplates"] = {"configMap": "tpl"}
+    body["spec"]["readiness"] = {"endpointDelaySeconds": 1, "terminationGracePeriodSeconds": 30}
+    await kube.create(INFERENCE_SERVICES, NS, body)
+
+    async def started():
+        r = await pods_by_role(kube, "shrink")
+        return r if (len(r["serving"]), len(r["warm"])) == (1, 1) else None
+    first = await eventually(started)
+    [serving], [warm] = first["serving"], first["warm"]
+    await engines.ready(serving)
+    await engines.ready(warm)
+    engines.load(serving, 6)  # 6 waiting vs a target of 2: 3 replicas
+
+    async def scaled_up():
+        r = await pods_by_role(kube, "shrink")
+        return r if len(r["serving"]) == 3 and len(r["warm"]) == 1 else None
+    roles = await eventually(scaled_up)
+    for pod in roles["serving"] + roles["warm"]:
+        await engines.ready(pod)
+
+    async def all_gated():
+        pods = await kube.list(PODS, NS, {"preheat.dev/service": "shrink"})
+        return all(any(c.get("type") == "preheat.dev/warm" and c.get("status") == "True"
+                       for c in p["status"].get("conditions") or []) for p in pods)
+    await eventually(all_gated)
+
+    # No new pods from here on: the warmup ConfigMap is gone (Degraded); then the pool's
+    # one warm pod goes, and is not replaced.
+    await kube.delete(CONFIGMAPS, NS, "tpl")
+
+    async def degraded():
+        st = (await kube.get(INFERENCE_SERVICES, NS, "shrink")).get("status") or {}
+        return any(c["type"] == "Degraded" and c["status"] == "True" for c in st.get("conditions") or [])
+    await eventually(degraded)
+    [refill] = roles["warm"]
+    await kube.delete(PODS, NS, refill)
+
+    async def pool_empty():
+        return not (await pods_by_role(kube, "shrink"))["warm"]
+    await eventually(pool_empty)
+
+    for pod in roles["serving"]:
+        engines.load(pod, 0)
+
+    async def back_to_one():
+        r = await pods_by_role(kube, "shrink")
+        return r if len(r["serving"]) == 1 and len(r["warm"]) == 1 else None
+    after = await eventually(back_to_one)
+    [demoted] = after["warm"]
+    assert demoted in roles["serving"]  # a former serving pod, not a new one
+    reasons = [(e.get("reason"), e.get("message", "")) for e in await kube.list(EVENTS, NS, {})]
+    assert any(r == "Demoted" and demoted in m for r, m in reasons), reasons
+    [gone] = set(roles["serving"]) - set(after["serving"]) - {demoted}
+
+    async def the_other_drained():
+        names = {n for ns in (await pods_by_role(kube, "shrink")).values() for n in ns}
+        reasons = [(e.get("reason"), e.get("message", "")) for e in await kube.list(EVENTS, NS, {})]
+        return gone not in names and any(r == "Draining" and gone in m for r, m in reasons) \
+            and any(r == "Drained" and gone in m for r, m in reasons)
+    await eventually(the_other_drained)
 
 
 async def test_unready_pods_are_not_asked_and_silence_is_reported_not_acted_on(cluster):

@@ -37,6 +37,23 @@ def test_every_condition_carries_the_generation_it_describes():
     assert st["phase"] == "Ready"
 
 
+def test_a_warm_pod_counts_for_the_pool_only_once_its_gate_is_open():
+    """The engine is warm (ContainersReady) but the operator has not opened its gate yet:
+    the status must not say the pool is full, nor the service Ready, before it acts (a
+    status computed from a list of pods taken after this pass's actions saw exactly this)."""
+    from dataclasses import replace
+
+    w = steady()
+    [warm] = [p for p in w.pods.values() if p.role == "warm"]
+    w.pods[warm.name] = replace(warm, gate=False, was_warm=False, gate_changed=None)
+    st = compute(obs(w), "sel", {}, rfc3339(w.now))
+    assert st["warmReplicas"] == 0 and cond(st, "WarmPoolReady")["status"] == "False"
+    assert st["phase"] != "Ready"
+    w.pods[warm.name] = warm  # the gate opened
+    st = compute(obs(w), "sel", {}, rfc3339(w.now))
+    assert st["warmReplicas"] == 1 and st["phase"] == "Ready"
+
+
 def test_a_rollout_without_progress_past_its_deadline_is_reported():
     w = steady()
     rolling = obs(w, template_hash="v2", progress_deadline_seconds=60)

@@ -96,7 +96,7 @@ async def test_admin_snapshot_is_single_flight(served, tmp_path):
     snapshotter = Snapshotter(str(tmp_path), 1024, 0, Metrics())
     started, release = threading.Event(), threading.Event()
 
-    def slow_save(aengine, engine):
+    def slow_save(aengine, engine, limit=None):
         started.set()
         assert release.wait(30)
         return SavedSnapshot(str(tmp_path / "snap"), 16, 1, 0.1)
