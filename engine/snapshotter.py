@@ -161,16 +161,18 @@ class Snapshotter:
 
     # ------------------------------------------------------------ save
 
-    def save(self, aengine: Any, wait: bool = True, max_tokens: int | None = None) -> SavedSnapshot:
+    def save(self, aengine: Any, wait: bool = True, max_tokens: int | None = None,
+             wait_s: float | None = None) -> SavedSnapshot:
         """Exports the hottest prefixes on the step thread and writes them (in this thread).
         One save at a time: with `wait=False`, raises SnapshotInProgress instead of waiting
-        for a running one. `max_tokens` caps this save below the configured size (the
-        shutdown save must fit its deadline). Raises on failure; callers decide whether
-        that is a log line or an HTTP 500."""
+        for a running one; with `wait_s`, after waiting that long. `max_tokens` caps this
+        save below the configured size (the shutdown save must fit its deadline). Raises on
+        failure; callers decide whether that is a log line or an HTTP 500."""
         engine = aengine.engine
         if engine is None:
             raise RuntimeError("the engine is not loaded yet")
-        if not self._lock.acquire(blocking=wait):
+        timeout = -1 if not wait or wait_s is None else max(0.0, wait_s)
+        if not self._lock.acquire(blocking=wait, timeout=timeout):
             raise SnapshotInProgress("a snapshot is already being saved")
         try:
             return self._save(aengine, engine, self.max_tokens if max_tokens is None else max_tokens)
@@ -209,9 +211,16 @@ class Snapshotter:
             if budget <= 0:
                 log.warning("snapshot at shutdown skipped: no time for one (%ss)", self.shutdown_timeout)
                 return
-            saved = self.save(aengine, max_tokens=budget)
+            # A periodic or peer save still running takes the lock: waiting for it without
+            # bound would push this one past the deadline (cut off by SIGKILL). It persists
+            # the hot prefixes too; this save only waits a quarter of the deadline for it.
+            wait_s = None if self.shutdown_timeout is None else self.shutdown_timeout / 4
+            saved = self.save(aengine, max_tokens=budget, wait_s=wait_s)
             log.info("snapshot at shutdown: %s (%d tokens of at most %d, %.2fs of %ss)", saved.path,
                      saved.tokens, budget, saved.seconds, self.shutdown_timeout)
+        except SnapshotInProgress:
+            log.warning("snapshot at shutdown skipped: an earlier save was still running after "
+                        "%.1fs (it persists the cache)", (self.shutdown_timeout or 0) / 4)
         except Exception as e:
             log.error("snapshot at shutdown failed: %s: %s", type(e).__name__, e)
 

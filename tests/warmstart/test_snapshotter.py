@@ -111,3 +111,26 @@ async def test_the_periodic_saver_saves_only_while_ready_survives_errors_and_sto
     ae.phase = "draining"
     await asyncio.wait_for(s._timer, 1)  # ends by itself: the shutdown save takes over
     assert set(calls) == {"ready"}
+
+
+def test_the_shutdown_save_waits_a_bounded_time_for_a_running_save(tmp_path, caplog):
+    """A periodic save still holding the lock at SIGTERM must not push the shutdown save
+    past its deadline: it waits a quarter of the deadline, then leaves the persisting to
+    the running save. Once the lock is free the shutdown save runs, sized to the budget."""
+    import threading
+
+    s = Snapshotter(str(tmp_path), 1024, 0.0, Metrics(), writer="pod-a", shutdown_timeout=0.4)
+    s._restored = True
+    ae = StandInAsyncEngine(StandInEngine())
+    calls = []
+    s._save = lambda aengine, engine, limit=None: calls.append(limit)
+    s._lock.acquire()  # a periodic save is running
+    done = threading.Event()
+    t = threading.Thread(target=lambda: (s.save_at_shutdown(ae), done.set()))
+    t.start()
+    assert done.wait(5), "the shutdown save waited for the running one without bound"
+    t.join()
+    assert calls == [] and "still running" in caplog.text
+    s._lock.release()
+    s.save_at_shutdown(ae)
+    assert len(calls) == 1 and 0 < calls[0] <= 1024
