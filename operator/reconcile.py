@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from preheat.operator import render
+from preheat.operator.api_key import api_key_problem
 from preheat.operator.decide import (
     Action,
     CreatePod,
@@ -29,6 +30,7 @@ from preheat.operator.decide import (
     plan,
 )
 from preheat.operator.kube import STRATEGIC, ApiError, Kube
+from preheat.operator.ownership import Conflict, Ownership, conflict, ownership
 from preheat.operator.pods import parse_time, view
 from preheat.operator.quantity import parse_quantity
 from preheat.operator.resources import (
@@ -42,10 +44,11 @@ from preheat.operator.resources import (
     PODS,
     PVCS,
     ROLE_DRAINING,
+    SECRETS,
     SERVICES,
     WARM_CONDITION,
 )
-from preheat.operator.spec import ServiceSpec, SpecError, parse_spec
+from preheat.operator.spec import SecretKeyRef, ServiceSpec, SpecError, parse_spec
 from preheat.operator.status import Observation, compute
 
 # (body, type, reason, message) -> None; kopf.event in the operator, a list in tests.
@@ -90,25 +93,38 @@ def _owned(obj: Mapping[str, Any], uid: str) -> bool:
     return any(r.get("uid") == uid for r in refs)
 
 
-async def _ensure_service(kube: Kube, name: str, ns: str, uid: str) -> None:
+async def _ensure_service(kube: Kube, name: str, ns: str, uid: str) -> Conflict | None:
     want = render.service(name, ns, uid)
     have = await kube.get(SERVICES, ns, name)
-    if have is None:
+    owner = ownership(have, name, uid)
+    if owner is Ownership.ABSENT:
         await kube.create(SERVICES, ns, want)
-        return
+        return None
+    if owner is Ownership.FOREIGN:
+        return conflict("Service", have, name)
     ports = lambda s: [(p.get("name"), p.get("port"), p.get("targetPort"))  # noqa: E731
                        for p in (s.get("spec") or {}).get("ports") or []]
     if (have.get("spec") or {}).get("selector") != want["spec"]["selector"] or \
             ports(have) != ports(want):
         await kube.patch(SERVICES, ns, name, {"spec": {"selector": want["spec"]["selector"],
                                                        "ports": want["spec"]["ports"]}})
+    return None
+
+
+@dataclass(frozen=True)
+class ClaimState:
+    phase: str | None  # the shared claim's status.phase; None when none is wanted
+    conflict: Conflict | None = None
 
 
 async def _ensure_snapshot_claim(kube: Kube, name: str, ns: str, uid: str,
-                                 spec: ServiceSpec) -> str | None:
+                                 spec: ServiceSpec) -> ClaimState:
     if not spec.snapshot.shared:
-        return None  # an existing claim is kept: it holds data and is owned for cleanup
+        return ClaimState(None)  # an existing claim is kept: it holds data, owned for cleanup
     claim = await kube.get(PVCS, ns, render.snapshot_claim_name(name))
+    owner = ownership(claim, name, uid, adopt_retained=True)
+    if owner is Ownership.FOREIGN:
+        return ClaimState(None, conflict("PersistentVolumeClaim", claim, name))
     if claim is None:
         claim = await kube.create(PVCS, ns, render.snapshot_claim(name, ns, uid, spec))
     else:
@@ -119,20 +135,25 @@ async def _ensure_snapshot_claim(kube: Kube, name: str, ns: str, uid: str,
             others = [r for r in have if r.get("uid") != uid]
             await kube.patch(PVCS, ns, claim["metadata"]["name"],
                              {"metadata": {"ownerReferences": others + want}})
-    return (claim.get("status") or {}).get("phase") or "Pending"  # a new claim has no status
+    # A new claim has no status yet.
+    return ClaimState((claim.get("status") or {}).get("phase") or "Pending")
 
 
 async def _ensure_disruption_budget(kube: Kube, name: str, ns: str, uid: str,
-                                    spec: ServiceSpec) -> None:
+                                    spec: ServiceSpec) -> Conflict | None:
     want = render.disruption_budget(name, ns, uid, spec)
     have = await kube.get(PDBS, ns, name)
+    owner = ownership(have, name, uid)
     if want is None:
-        if have is not None and _owned(have, uid):
+        if owner is Ownership.OURS:
             await kube.delete(PDBS, ns, name)
-    elif have is None:
+    elif owner is Ownership.ABSENT:
         await kube.create(PDBS, ns, want)
+    elif owner is Ownership.FOREIGN:
+        return conflict("PodDisruptionBudget", have, name)
     elif {k: (have.get("spec") or {}).get(k) for k in want["spec"]} != want["spec"]:
         await kube.patch(PDBS, ns, name, {"spec": want["spec"]})
+    return None
 
 
 def _contains(have: Any, want: Any) -> bool:
@@ -152,16 +173,21 @@ def _contains(have: Any, want: Any) -> bool:
     return have == want
 
 
-async def _ensure_autoscaler(kube: Kube, name: str, ns: str, uid: str, spec: ServiceSpec) -> None:
+async def _ensure_autoscaler(kube: Kube, name: str, ns: str, uid: str,
+                             spec: ServiceSpec) -> Conflict | None:
     want = render.autoscaler(name, ns, uid, spec)
     have = await kube.get(HPAS, ns, name)
+    owner = ownership(have, name, uid)
     if want is None:
-        if have is not None and _owned(have, uid):
+        if owner is Ownership.OURS:
             await kube.delete(HPAS, ns, name)
-    elif have is None:
+    elif owner is Ownership.ABSENT:
         await kube.create(HPAS, ns, want)
+    elif owner is Ownership.FOREIGN:
+        return conflict("HorizontalPodAutoscaler", have, name)
     elif not _contains(have.get("spec"), want["spec"]):
         await kube.patch(HPAS, ns, name, {"spec": want["spec"]})
+    return None
 
 
 async def _apply(kube: Kube, body: Mapping[str, Any], spec: ServiceSpec, action: Action,
@@ -226,12 +252,16 @@ async def reconcile(kube: Kube, namespace: str, name: str, events: EventSink,
     meta = body["metadata"]
     uid = meta["uid"]
     previous = body.get("status") or {}
-    degraded: tuple[str, str] | None = None
+    # What stops new pods (a bad spec, a missing ConfigMap or Secret, a foreign claim) and
+    # what is only reported (a foreign Service, HPA or budget): the Degraded condition
+    # names them all.
+    blocking: list[tuple[str, str]] = []
+    conflicts: list[Conflict] = []
     spec: ServiceSpec | None = None
     try:
         spec = parse_spec(body.get("spec") or {})
     except SpecError as e:
-        degraded = (e.reason, e.message)
+        blocking.append((e.reason, e.message))
 
     def owned_pods(raw: list[dict[str, Any]]):
         return tuple(view(p) for p in raw if _owned(p, uid))
@@ -245,23 +275,31 @@ async def reconcile(kube: Kube, namespace: str, name: str, events: EventSink,
     if spec is not None:
         template_hash = render.template_hash(render.pod_spec(name, spec))
 
-        async def ensure_children() -> str | None:
-            await _ensure_service(kube, name, namespace, uid)
-            phase = await _ensure_snapshot_claim(kube, name, namespace, uid, spec)
-            await _ensure_autoscaler(kube, name, namespace, uid, spec)
-            await _ensure_disruption_budget(kube, name, namespace, uid, spec)
-            return phase
+        async def ensure_children() -> None:
+            found = [await _ensure_service(kube, name, namespace, uid),
+                     await _ensure_autoscaler(kube, name, namespace, uid, spec),
+                     await _ensure_disruption_budget(kube, name, namespace, uid, spec)]
+            conflicts.extend(c for c in found if c is not None)
 
-        # The first pods need the Service (their peer URL) and the claim; once pods exist,
-        # acting on them comes first: a failover must not wait for four other API calls.
+        # The claim comes first, always: a pod made this pass must not mount a foreign one.
+        claim = await _ensure_snapshot_claim(kube, name, namespace, uid, spec)
+        snapshot_phase = claim.phase
+        if claim.conflict is not None:
+            conflicts.append(claim.conflict)
+        # The first pods need the Service (their peer URL); once pods exist, acting on them
+        # comes first: a failover must not wait for three other API calls.
         if not pods:
-            snapshot_phase = await ensure_children()
+            await ensure_children()
         if spec.warmup_templates and \
                 await kube.get(CONFIGMAPS, namespace, spec.warmup_templates) is None:
-            degraded = ("WarmupTemplatesNotFound",
-                        f"ConfigMap {spec.warmup_templates!r} not found; no new pods until it exists")
+            blocking.append(("WarmupTemplatesNotFound", f"ConfigMap {spec.warmup_templates!r} "
+                             "not found; no new pods until it exists"))
+        if spec.engine.api_key_secret is not None:
+            problem = await _api_key_problem(kube, namespace, spec.engine.api_key_secret)
+            if problem is not None:
+                blocking.append(problem)
         target = Target(spec.replicas, spec.warm_pool_size, template_hash,
-                        allow_create=degraded is None,
+                        allow_create=not blocking and not any(c.blocks_pods for c in conflicts),
                         max_surge=spec.rollout.surge(spec.replicas),
                         max_unavailable=spec.rollout.unavailable(spec.replicas),
                         unready_seconds=spec.failover.unready_seconds,
@@ -277,10 +315,12 @@ async def reconcile(kube: Kube, namespace: str, name: str, events: EventSink,
                 logger.warning(f"{action} failed: {e}")
         _report_failovers(body, planned, target, previous, events)
         if pods:
-            snapshot_phase = await ensure_children()
+            await ensure_children()
         if planned.actions:
             pods = owned_pods(await kube.list(PODS, namespace, {LABEL_SERVICE: name}))
 
+    problems = blocking + [(c.reason, c.message) for c in conflicts]
+    degraded = (problems[0][0], "; ".join(m for _, m in problems)) if problems else None
     obs = Observation(
         replicas=spec.replicas if spec else int((body.get("spec") or {}).get("replicas") or 0),
         warm_pool=spec.warm_pool_size if spec else 0,
@@ -301,10 +341,32 @@ async def reconcile(kube: Kube, namespace: str, name: str, events: EventSink,
     if any(previous.get(k) != v for k, v in status.items()):
         await kube.patch(INFERENCE_SERVICES, namespace, name, {"status": status},
                          subresource="status")
-        if degraded and (previous.get("phase") != "Degraded"):
-            events(body, "Warning", degraded[0], degraded[1])
+        _report_problems(body, previous, problems, events)
         _report_transitions(body, previous, status, events)
     return Outcome(status, _recheck_at(planned, status, obs))
+
+
+async def _api_key_problem(kube: Kube, namespace: str, ref: SecretKeyRef,
+                           ) -> tuple[str, str] | None:
+    try:
+        secret = await kube.get(SECRETS, namespace, ref.name)
+    except ApiError as e:
+        if e.status != 403:
+            raise
+        return ("ApiKeySecretUnreadable", f"the operator may not read Secret {ref.name!r} "
+                "(spec.engine.apiKeySecretRef): its role needs get on secrets; no new pods")
+    return api_key_problem(ref, secret)
+
+
+def _report_problems(body: Mapping[str, Any], previous: Mapping[str, Any],
+                     problems: list[tuple[str, str]], events: EventSink) -> None:
+    """A Warning Event for each problem the previous Degraded condition did not name yet:
+    once when it appears, not on every pass."""
+    before = _condition(previous, "Degraded")
+    known = str(before.get("message", "")) if before.get("status") == "True" else ""
+    for reason, message in problems:
+        if message not in known:
+            events(body, "Warning", reason, message)
 
 
 def _condition(status: Mapping[str, Any], ctype: str) -> Mapping[str, Any]:

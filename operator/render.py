@@ -30,6 +30,7 @@ SNAPSHOT_DIR = "/var/lib/preheat/snapshots"
 MODEL_DIR = "/models"
 CACHE_DIR = "/var/cache/preheat"
 RUN_AS = 1000
+API_KEY_ENV = "PREHEAT_API_KEY"  # the engine's --api-key (engine/config.py: PREHEAT_<FIELD>)
 SNAPSHOT_FLUSH_RESERVE_S = 15  # of the grace period, kept for persisting the snapshot
 
 
@@ -142,7 +143,15 @@ def _engine_env(name: str, spec: ServiceSpec) -> list[dict[str, Any]]:
         env["PREHEAT_SHUTDOWN_SNAPSHOT_TIMEOUT"] = str(budget.snapshot)
         if spec.snapshot.peer_fetch:
             env["PREHEAT_SNAPSHOT_PEER_URL"] = peer_url(name)
-    ours = [{"name": k, "value": v} for k, v in env.items()]
+    ours: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in env.items()]
+    key = spec.engine.api_key_secret
+    if key is not None:
+        # The engine reads PREHEAT_API_KEY like --api-key. From the Secret, never the pod
+        # spec: the key stays out of the InferenceService, the pod and the template hash.
+        # Only the API (/v1/*, /tokenize, /admin/*, the snapshot peer route) asks for it;
+        # the probes (/health, /ready) and /metrics stay open to the kubelet and operator.
+        ours.append({"name": API_KEY_ENV, "valueFrom": {"secretKeyRef": {
+            "name": key.name, "key": key.key}}})
     # User env comes last so it can override ours (e.g. PREHEAT_LOG_LEVEL, PREHEAT_DTYPE).
     user_names = {e.get("name") for e in spec.engine.env}
     return [e for e in ours if e["name"] not in user_names] + [dict(e) for e in spec.engine.env]

@@ -50,5 +50,7 @@ PODS = Resource("", "v1", "pods")
 SERVICES = Resource("", "v1", "services")
 PVCS = Resource("", "v1", "persistentvolumeclaims")
 CONFIGMAPS = Resource("", "v1", "configmaps")
+# Read (get) only to check that spec.engine.apiKeySecretRef exists and holds a key.
+SECRETS = Resource("", "v1", "secrets")
 HPAS = Resource("autoscaling", "v2", "horizontalpodautoscalers")
 PDBS = Resource("policy", "v1", "poddisruptionbudgets")

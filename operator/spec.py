@@ -34,6 +34,13 @@ class ModelSource:
 
 
 @dataclass(frozen=True)
+class SecretKeyRef:
+    """One key of a Secret in the service's namespace (as a pod's env secretKeyRef)."""
+    name: str
+    key: str
+
+
+@dataclass(frozen=True)
 class EngineSpec:
     image: str
     image_pull_policy: str | None = None
@@ -54,6 +61,8 @@ class EngineSpec:
     topology_spread_constraints: tuple[dict[str, Any], ...] | None = None
     priority_class_name: str | None = None
     runtime_class_name: str | None = None
+    # The engines' API key (PREHEAT_API_KEY from this Secret key); None: no authentication.
+    api_key_secret: SecretKeyRef | None = None
 
 
 STORAGE_POD_LOCAL = "PodLocal"  # each pod's own emptyDir; new pods fetch from a ready peer
@@ -256,6 +265,16 @@ def _tensor_parallel_size(engine: Mapping[str, Any]) -> int:
     return size
 
 
+def _secret_key_ref(value: Any, what: str) -> SecretKeyRef | None:
+    if value is None:
+        return None
+    name = value.get("name") if isinstance(value, Mapping) else None
+    key = value.get("key") if isinstance(value, Mapping) else None
+    if not isinstance(name, str) or not name or not isinstance(key, str) or not key:
+        raise SpecError("InvalidSpec", f"{what} needs a Secret name and a key, got {value!r}")
+    return SecretKeyRef(name, key)
+
+
 def parse_spec(spec: Mapping[str, Any]) -> ServiceSpec:
     model = spec.get("model") or {}
     chosen = [k for k in ("path", "pvc", "uri") if model.get(k)]
@@ -318,6 +337,8 @@ def parse_spec(spec: Mapping[str, Any]) -> ServiceSpec:
                 else tuple(engine["topologySpreadConstraints"])),
             priority_class_name=engine.get("priorityClassName") or None,
             runtime_class_name=engine.get("runtimeClassName") or None,
+            api_key_secret=_secret_key_ref(engine.get("apiKeySecretRef"),
+                                           "engine.apiKeySecretRef"),
         ),
         replicas=_nonneg(spec.get("replicas", 1), "replicas"),
         warm_pool_size=_nonneg((spec.get("warmPool") or {}).get("size", 0), "warmPool.size"),
