@@ -38,7 +38,12 @@ RICH_VALUES = {
                 "endpointDelaySeconds": 8,
                 "engine": {"imagePullSecrets": [{"name": "registry"}], "priorityClassName": "llm",
                            "runtimeClassName": "nvidia", "serviceAccountName": "engine",
-                           "topologySpreadConstraints": []}},
+                           "topologySpreadConstraints": [],
+                           "apiKeySecretRef": {"name": "llm-key", "key": "token"}}},
+    "networkPolicy": {"enabled": True, "clients": [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "gateway"}},
+         "podSelector": {"matchLabels": {"app": "gateway"}}}],
+        "metricsScrapers": [{"ipBlock": {"cidr": "10.0.0.0/8", "except": ["10.1.0.0/16"]}}]},
     "autoscaling": {"prometheusAdapter": {"enabled": True},
                     "keda": {"scaledObjects": [{"name": "demo", "maxReplicas": 4,
                                                 "metric": "preheat_num_requests_waiting",
@@ -86,6 +91,7 @@ def test_every_rendered_object_is_valid(helm, tmp_path, values):
     kinds = {o["kind"] for o in objects}
     assert {"CustomResourceDefinition", "Deployment", "ServiceAccount", "ConfigMap",
             "ClusterRole", "ClusterRoleBinding"} <= kinds
+    assert ("NetworkPolicy" in kinds) == (values is RICH_VALUES)  # validated below
     # Custom kinds the chart itself defines (InferenceService, kopf's peerings): the
     # CRD's own schema (and CEL rules), as the API server would check them.
     crds = {(c["spec"]["group"], c["spec"]["names"]["kind"]): c
@@ -117,6 +123,7 @@ def test_example_values_reach_the_inference_service(helm, tmp_path):
     assert spec["disruptionBudget"] == {"enabled": True, "maxUnavailable": "25%"}
     assert spec["readiness"] == {"endpointDelaySeconds": 8}
     assert spec["engine"]["runtimeClassName"] == "nvidia" and spec["engine"]["image"]
+    assert spec["engine"]["apiKeySecretRef"] == {"name": "llm-key", "key": "token"}
     # The defaults render the product's defaults.
     [cr] = [o for o in rendered(helm, tmp_path, {"example": {"enabled": True}})
             if o["kind"] == "InferenceService"]
@@ -203,6 +210,11 @@ BAD_VALUES = {
                       "at '/watch/namespaces/0': 'Not_A_Namespace' does not match pattern"),
     "bad surge": (["example.rollout.maxSurge=lots"], "/example/rollout/maxSurge"),
     "bad snapshot storage": (["example.snapshots=Somewhere"], "/example/snapshots"),
+    "secret ref without key": (["example.engine.apiKeySecretRef.name=k"],
+                               "at '/example/engine/apiKeySecretRef': missing property 'key'"),
+    "bad client selector": (["networkPolicy.clients[0].podSelector.matchExpressions[0].key=a",
+                             "networkPolicy.clients[0].podSelector.matchExpressions[0].operator=Is"],
+                            "/networkPolicy/clients/0/podSelector/matchExpressions/0/operator"),
 }
 
 
@@ -267,5 +279,5 @@ def test_the_rbac_check_notices_an_extra_grant(helm, tmp_path):
     # The check above must be able to fail: a chart granting one verb more is caught.
     objects = rendered(helm, tmp_path)
     role = next(o for o in objects if o["kind"] == "Role")
-    role["rules"].append({"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]})
-    assert ("", "secrets", "get") in _granted(objects, {"Role"}) - used_rules(peering=False)
+    role["rules"].append({"apiGroups": [""], "resources": ["secrets"], "verbs": ["list"]})
+    assert ("", "secrets", "list") in _granted(objects, {"Role"}) - used_rules(peering=False)

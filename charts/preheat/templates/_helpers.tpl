@@ -69,6 +69,11 @@ app.kubernetes.io/component: operator
 - apiGroups: [""]
   resources: [configmaps]
   verbs: [get]
+# Only to check that spec.engine.apiKeySecretRef exists and holds a non-empty key before
+# pods need it; the engines read the value themselves (env from the Secret).
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [get]
 - apiGroups: [autoscaling]
   resources: [horizontalpodautoscalers]
   verbs: [get, create, patch, delete]
