@@ -5,7 +5,8 @@ It does what the operator and the scenario can observe of a kubelet:
 
 - watches the Pods of one namespace; for each new pod it lays out the volumes as local
   directories, starts the container's command + args as a process in its own process group
-  (podmap.plan: env mapped; the pod's own loopback IP, its container port), and writes
+  (podmap.plan: env mapped, secretKeyRefs read from the API first; the pod's own loopback
+  IP, its container port), and writes
   the pod status;
 - probes the startupProbe, then the readinessProbe, at their periods, and reports
   ContainersReady / Ready (Ready also waits for the pod's readinessGates, which the operator
@@ -27,6 +28,7 @@ Liveness probes, resource limits, image pulls and init containers are not modell
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import datetime
 import logging
@@ -106,6 +108,7 @@ class PodRuntime:
     kill_now: bool = False  # a hard eviction: no preStop, no grace
     task: asyncio.Task | None = None
     node: str = ""
+    secrets: dict[str, dict[str, str]] = field(default_factory=dict)  # name -> decoded data
 
     @property
     def node_lost(self) -> bool:
@@ -297,7 +300,7 @@ class LocalKubelet:
 
     async def _run(self, rt: PodRuntime) -> None:
         try:
-            if not await self._prepare_volumes(rt):
+            if not await self._prepare_volumes(rt) or not await self._fetch_secrets(rt):
                 return
             while not rt.stop.is_set():
                 code = await self._run_container(rt)
@@ -350,6 +353,28 @@ class LocalKubelet:
                     return False
         return True
 
+    async def _fetch_secrets(self, rt: PodRuntime) -> bool:
+        """Reads the Secret keys the env names, as a kubelet does before it creates the
+        container; waits in CreateContainerConfigError while one is missing."""
+        for name in podmap.secret_names(rt.pod):
+            while True:
+                resp = await self._client.get(
+                    f"/api/v1/namespaces/{self.namespace}/secrets/{name}")
+                data = (resp.json().get("data") or {}) if resp.status_code == 200 else None
+                wanted = [(e.get("valueFrom") or {}).get("secretKeyRef") or {}
+                          for e in podmap.container(rt.pod).get("env") or []]
+                keys = [r.get("key") for r in wanted if r.get("name") == name]
+                if data is not None and all(k in data for k in keys):
+                    rt.secrets[name] = {k: base64.b64decode(v).decode() for k, v in data.items()}
+                    break
+                rt.state = replace(rt.state, waiting_reason="CreateContainerConfigError")
+                await self._report(rt)
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(rt.stop.wait(), 0.5)
+                if rt.stop.is_set():
+                    return False
+        return True
+
     async def _run_container(self, rt: PodRuntime) -> int:
         """Starts the process, probes it until it exits or the pod stops; returns the code."""
         ports = podmap.container(rt.pod).get("ports") or []
@@ -364,7 +389,8 @@ class LocalKubelet:
                     hosts[f"{host}:{port}"] = address
         plan = rt.plan = podmap.plan(rt.pod, commands=self.commands, host_port=rt.port,
                                      root=self.root, node_dirs=self.node_dirs,
-                                     base_env=self.base_env, pod_ip=rt.ip, hosts=hosts)
+                                     base_env=self.base_env, pod_ip=rt.ip, hosts=hosts,
+                                     secrets=rt.secrets)
         startup = podmap.probe(rt.pod, "startupProbe", rt.port, rt.ip)
         readiness = podmap.probe(rt.pod, "readinessProbe", rt.port, rt.ip)
         pod_dir = self.root / "pods" / rt.uid

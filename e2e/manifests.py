@@ -3,6 +3,7 @@ warmup-template ConfigMap. Small engine settings keep several engines cheap on 2
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
 NAMESPACE = "default"
@@ -33,6 +34,16 @@ ENGINE_ENV = [
 ]
 
 
+API_KEY_SECRET_KEY = "api-key"
+
+
+def api_key_secret(name: str, key: str, namespace: str = NAMESPACE) -> dict[str, Any]:
+    """A Secret holding the engines' API key (data is base64, as the API server keeps it)."""
+    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+            "metadata": {"name": name, "namespace": namespace},
+            "data": {API_KEY_SECRET_KEY: base64.b64encode(key.encode()).decode()}}
+
+
 def warmup_configmap(namespace: str = NAMESPACE) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": TEMPLATES, "namespace": namespace},
@@ -44,10 +55,12 @@ def inference_service(name: str, *, replicas: int = 1, warm_pool: int = 1,
                       shared_snapshots: bool = False, templates: bool = True,
                       namespace: str = NAMESPACE, failover_s: int = 2,
                       endpoint_delay_s: int = 1,
-                      autoscaling: dict[str, Any] | None = None) -> dict[str, Any]:
+                      autoscaling: dict[str, Any] | None = None,
+                      api_key_secret: str | None = None) -> dict[str, Any]:
     """The product's defaults except where noted: snapshots are pod-local (each pod's
     emptyDir, a new pod fetches one from a ready peer through the Service) unless
-    shared_snapshots asks for a ReadWriteOnce shared claim (pods then share one node)."""
+    shared_snapshots asks for a ReadWriteOnce shared claim (pods then share one node).
+    api_key_secret: the engines' API key from that Secret (its key API_KEY_SECRET_KEY)."""
     spec: dict[str, Any] = {
         "model": {},  # the engine's embedded default model (SmolLM2-135M-Instruct)
         "engine": {"image": image, "env": ENGINE_ENV},
@@ -67,5 +80,7 @@ def inference_service(name: str, *, replicas: int = 1, warm_pool: int = 1,
         spec["warmupTemplates"] = {"configMap": TEMPLATES}
     if autoscaling:
         spec["autoscaling"] = autoscaling
+    if api_key_secret:
+        spec["engine"]["apiKeySecretRef"] = {"name": api_key_secret, "key": API_KEY_SECRET_KEY}
     return {"apiVersion": "serving.preheat.dev/v1alpha1", "kind": "InferenceService",
             "metadata": {"name": name, "namespace": namespace}, "spec": spec}

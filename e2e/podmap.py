@@ -100,9 +100,29 @@ def rewrite_path(value: str, mounts: Mapping[str, Path]) -> str:
     return value
 
 
-def _env_value(entry: Mapping[str, Any], pod: Mapping[str, Any], pod_ip: str) -> str:
+def secret_names(pod: Mapping[str, Any]) -> list[str]:
+    """The Secrets the container's env reads keys of (secretKeyRef), in order, once each."""
+    names: list[str] = []
+    for entry in container(pod).get("env") or []:
+        ref = (entry.get("valueFrom") or {}).get("secretKeyRef") or {}
+        if ref.get("name") and ref["name"] not in names:
+            names.append(ref["name"])
+    return names
+
+
+def _env_value(entry: Mapping[str, Any], pod: Mapping[str, Any], pod_ip: str,
+               secrets: Mapping[str, Mapping[str, str]]) -> str:
     if "value" in entry:
         return str(entry["value"])
+    secret_ref = (entry.get("valueFrom") or {}).get("secretKeyRef")
+    if secret_ref is not None:
+        # The kubelet reads the Secret before it starts the container (and waits in
+        # CreateContainerConfigError while it or the key is missing): here it is at hand.
+        value = (secrets.get(secret_ref.get("name")) or {}).get(secret_ref.get("key"))
+        if value is None:
+            raise Unsupported(f"env {entry['name']!r}: Secret {secret_ref.get('name')!r} key "
+                              f"{secret_ref.get('key')!r} was not fetched")
+        return value
     ref = ((entry.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath")
     fields = {"metadata.name": pod["metadata"]["name"],
               "metadata.namespace": pod["metadata"]["namespace"],
@@ -111,7 +131,8 @@ def _env_value(entry: Mapping[str, Any], pod: Mapping[str, Any], pod_ip: str) ->
         return fields[ref]
     if not entry.get("valueFrom"):
         return ""
-    raise Unsupported(f"env {entry['name']!r}: only values and fieldRefs to name/namespace/podIP")
+    raise Unsupported(f"env {entry['name']!r}: only values, secretKeyRefs and fieldRefs to "
+                      "name/namespace/podIP")
 
 
 _SERVICE_URL = re.compile(r"^(https?://)([a-z0-9]([-a-z0-9]*[a-z0-9])?)"
@@ -141,7 +162,8 @@ def rewrite_hosts(value: str, hosts: Mapping[str, str]) -> str:
 def plan(pod: Mapping[str, Any], *, commands: Mapping[str, Sequence[str]], host_port: int,
          root: Path, node_dirs: Mapping[str, Path] = {},
          base_env: Mapping[str, str] = {}, pod_ip: str = "127.0.0.1",
-         hosts: Mapping[str, str] = {}) -> ProcessPlan:
+         hosts: Mapping[str, str] = {},
+         secrets: Mapping[str, Mapping[str, str]] = {}) -> ProcessPlan:
     c = container(pod)
     command = list(c.get("command") or [])
     if not command or command[0] not in commands:
@@ -158,7 +180,7 @@ def plan(pod: Mapping[str, Any], *, commands: Mapping[str, Sequence[str]], host_
         raise Unsupported("--port/--host in args: the local kubelet owns the address")
     env = dict(base_env)
     for entry in c.get("env") or []:
-        env[entry["name"]] = rewrite_hosts(rewrite_path(_env_value(entry, pod, pod_ip), mounts),
+        env[entry["name"]] = rewrite_hosts(rewrite_path(_env_value(entry, pod, pod_ip, secrets), mounts),
                                            hosts)
     # The pod's network namespace, mapped: its own loopback address.
     env["PREHEAT_HOST"] = pod_ip

@@ -21,6 +21,7 @@ from preheat.operator.resources import (
     PDBS,
     PODS,
     PVCS,
+    SECRETS,
     SERVICES,
 )
 
@@ -96,13 +97,19 @@ class Timings:
 # -- steps ----------------------------------------------------------------------------------
 
 async def apply(d: Driver, service: str, *, warm_pool: int = 1, t: Timings,
-                image: str = manifests.DEFAULT_IMAGE) -> None:
-    """Applies the template ConfigMap and the InferenceService; waits for 1 ready + N warm."""
+                image: str = manifests.DEFAULT_IMAGE, api_key: str | None = None) -> None:
+    """Applies the template ConfigMap and the InferenceService; waits for 1 ready + N warm.
+    api_key: the engines require it, handed to them from a Secret (apiKeySecretRef)."""
     if await d.kube.get(CONFIGMAPS, d.namespace, manifests.TEMPLATES) is None:
         await d.kube.create(CONFIGMAPS, d.namespace, manifests.warmup_configmap(d.namespace))
+    secret = f"{service}-api-key" if api_key else None
+    if secret and await d.kube.get(SECRETS, d.namespace, secret) is None:
+        await d.kube.create(SECRETS, d.namespace,
+                            manifests.api_key_secret(secret, api_key, d.namespace))
     start = time.monotonic()
     await d.kube.create(INFERENCE_SERVICES, d.namespace, manifests.inference_service(
-        service, replicas=1, warm_pool=warm_pool, image=image, namespace=d.namespace))
+        service, replicas=1, warm_pool=warm_pool, image=image, namespace=d.namespace,
+        api_key_secret=secret))
 
     async def settled():
         st = await status_of(d, service)
@@ -131,15 +138,25 @@ async def apply(d: Driver, service: str, *, warm_pool: int = 1, t: Timings,
     assert await d.kube.get(PVCS, d.namespace, f"{service}-snapshots") is None
 
 
-async def chat(d: Driver, service: str, t: Timings, n: int = 3) -> list[str]:
-    """Chat completions through the serving pod, with the openai SDK."""
-    from openai import AsyncOpenAI
+async def chat(d: Driver, service: str, t: Timings, n: int = 3,
+               api_key: str | None = None) -> list[str]:
+    """Chat completions through the serving pod, with the openai SDK (and the engines' API
+    key when they have one: a request without it is refused first)."""
+    from openai import AsyncOpenAI, AuthenticationError
 
     [serving] = (await ready_by_role(d, service))["serving"]
-    client = AsyncOpenAI(base_url=await d.endpoint(serving) + "/v1", api_key="unused",
+    base_url = await d.endpoint(serving) + "/v1"
+    client = AsyncOpenAI(base_url=base_url, api_key=api_key or "unused",
                          max_retries=0, timeout=120)
     answers = []
     try:
+        if api_key:
+            async with AsyncOpenAI(base_url=base_url, api_key="wrong", max_retries=0) as bad:
+                try:
+                    await bad.models.list()
+                    raise AssertionError("the engine served a request without its API key")
+                except AuthenticationError:
+                    pass
         for i in range(n):
             start = time.monotonic()
             r = await client.chat.completions.create(

@@ -14,13 +14,16 @@ from e2e.waiting import eventually
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 SERVICE = "chat"
+# The engines require an API key, handed to them from a Secret (spec.engine.apiKeySecretRef):
+# everything below (probes, promotion, peer snapshot fetch, draining) works with it set.
+API_KEY = "e2e-key-0123"
 
 
 async def test_inference_service_end_to_end_on_one_machine(tmp_path):
     t = scenario.Timings()
     async with local_cluster(tmp_path / "node") as cluster:
         try:
-            await scenario.apply(cluster, SERVICE, t=t)
+            await scenario.apply(cluster, SERVICE, t=t, api_key=API_KEY)
 
             # Each pod's volumes are local directories: the template ConfigMap's files and
             # the (pod-local) snapshot directory per pod; the Service's URL maps to its
@@ -38,12 +41,14 @@ async def test_inference_service_end_to_end_on_one_machine(tmp_path):
                 assert (templates / "e2e-support.yaml").read_text() == WARMUP_TEMPLATE
                 # Each pod on its own address, on the container port, as on a pod network.
                 assert (env["PREHEAT_HOST"], env["PREHEAT_PORT"]) == (rt.ip, "8000")
+                # The key reaches the engine from the Secret, never through the pod spec.
+                assert env["PREHEAT_API_KEY"] == API_KEY and API_KEY not in repr(rt.pod)
                 assert rt.pod["status"]["podIP"] == rt.ip
             assert len({rt.ip for rt in runtimes}) == 2
             # Spread: the serving and the warm pod run on different nodes.
             assert len({rt.node for rt in runtimes}) == 2
 
-            await scenario.chat(cluster, SERVICE, t)
+            await scenario.chat(cluster, SERVICE, t, api_key=API_KEY)
             await scenario.scale_up_by_promotion(cluster, SERVICE, t)
             await scenario.restart_operator_during_eviction(cluster, SERVICE, t)
             # A crashed engine covered by the pool: e2e/test_chaos.py (under traffic).
@@ -63,7 +68,8 @@ async def test_inference_service_end_to_end_on_one_machine(tmp_path):
                 [(rt.name, rt.exit_codes) for rt in finished]
             # Each engine persisted its hot prefixes into its own snapshot directory (DESIGN.md:
             # snapshot on SIGTERM), and every pod after the first fetched one from a serving
-            # peer through the Service before it turned ready.
+            # peer through the Service before it turned ready (sending the API key: the
+            # peer route asks for it like the rest of the API).
             own_dirs = [rt.plan.mounts["/var/lib/preheat/snapshots"] for rt in finished if rt.plan]
             assert any(list(d.glob("*/manifest.json")) for d in own_dirs), own_dirs
             logs = "".join(p.read_text(errors="replace") for rt in finished for p in rt.logs)

@@ -82,14 +82,21 @@ def test_the_pod_env_and_the_spec_env_reach_the_process_and_the_port_is_remapped
     assert (plan.container_port, plan.host_port) == (8000, 41000)
 
 
-def test_field_refs_resolve_and_unknown_sources_are_refused():
+def test_field_and_secret_refs_resolve_and_unknown_sources_are_refused():
     pod = operator_pod()
     env = pod["spec"]["containers"][0]["env"]
     env.append({"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})
     plan = podmap.plan(pod, commands=COMMANDS, host_port=1, root=ROOT)
     assert plan.env["POD"] == "chat-abc123"
     env.append({"name": "KEY", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}})
+    assert podmap.secret_names(pod) == ["s"]
+    # The kubelet fetches the Secret before the container starts; the plan uses its value.
+    plan = podmap.plan(pod, commands=COMMANDS, host_port=1, root=ROOT, secrets={"s": {"k": "v"}})
+    assert plan.env["KEY"] == "v"
     with pytest.raises(podmap.Unsupported, match="KEY"):
+        podmap.plan(pod, commands=COMMANDS, host_port=1, root=ROOT, secrets={"s": {}})
+    env[-1] = {"name": "CM", "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}}}
+    with pytest.raises(podmap.Unsupported, match="CM"):
         podmap.plan(pod, commands=COMMANDS, host_port=1, root=ROOT)
 
 

@@ -226,3 +226,20 @@ def test_unknown_path_is_an_openai_error(http):
 
 def test_wrong_method(http):
     assert_error(http.get(CHAT), 405)
+
+
+# The operator's side of the contract (issue 13 point 5): with --api-key set (as
+# spec.engine.apiKeySecretRef does), the kubelet's probes and the operator's /metrics scrape
+# need no key, and every other route — the API, admin and the snapshot peer route — does.
+OPEN_ROUTES = ["/health", "/ready", "/metrics"]
+KEYED_ROUTES = [("GET", "/v1/models"), ("POST", CHAT), ("POST", COMPLETIONS),
+                ("POST", "/tokenize"), ("POST", "/detokenize"), ("POST", "/admin/snapshot"),
+                ("GET", "/admin/snapshot/latest")]
+
+
+def test_probes_and_metrics_need_no_key_the_rest_does(server):
+    for path in OPEN_ROUTES:
+        assert httpx.get(server.url + path).status_code == 200, path
+    for method, path in KEYED_ROUTES:
+        r = httpx.request(method, server.url + path, json={})
+        assert_error(r, 401, code="invalid_api_key")
