@@ -12,6 +12,7 @@ import time
 import httpx
 import pytest
 from server_process import API_KEY, TINY
+from slow_grammar import SLOW_REGEX
 from test_bad_input import assert_error
 
 from preheat.engine.request_limits import MAX_GRAMMAR_CHARS
@@ -129,12 +130,12 @@ def test_a_full_queue_answers_429_with_retry_after(tiny_server, http):
 
 
 def test_probes_answer_while_heavy_requests_run(tiny_server, http):
-    """A regex that compiles for minutes (stopped at the 2 s limit), a 3.5 MB prompt to
+    """A regex that compiles for far longer than the 2 s limit (stopped there), a 3.5 MB prompt to
     tokenize and a body of 50,000 prompts, all at once: /health and /ready keep answering
     while they are in progress. Asserted on order (probes answered before the heavy requests
     finished), not on a time threshold; the slowest probe is printed for the report."""
     heavy = {
-        "slow regex": (CHAT, {**GOOD, "regex": ".{0,20000}x"}),
+        "slow regex": (CHAT, {**GOOD, "regex": SLOW_REGEX}),
         "huge prompt": (COMPLETIONS, {"model": TINY, "prompt": "word " * 700_000, "max_tokens": 1}),
         "50,000 prompts": (COMPLETIONS, {"model": TINY, "prompt": ["hello world"] * 50_000, "n": 16}),
     }

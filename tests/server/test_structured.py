@@ -11,6 +11,7 @@ from typing import Any
 import jsonschema
 import pytest
 import torch
+from slow_grammar import SLOW_REGEX
 
 from preheat.engine.structured import GrammarBackend, InvalidGrammar, apply_grammar_masks
 
@@ -167,12 +168,12 @@ def test_a_grammar_over_the_size_limit_is_refused_before_compiling(backend):
 
 
 def test_a_compile_past_the_time_limit_is_stopped_and_the_next_one_works(tokenizer):
-    """`.{0,20000}x` is short but compiles for minutes; xgrammar cannot be interrupted, so
-    the compile runs in a child process that is killed at the limit."""
+    """SLOW_REGEX is short but compiles for far longer than the limit; xgrammar cannot be
+    interrupted, so the compile runs in a child process that is killed at the limit."""
     backend = GrammarBackend(tokenizer, VOCAB, compile_timeout=1.0)
     backend.compile(Spec("regex", "[0-9]+"))  # the child is up before the clock matters
     with pytest.raises(InvalidGrammar) as info:
-        backend.compile(Spec("regex", ".{0,20000}x"))
+        backend.compile(Spec("regex", SLOW_REGEX))
     assert info.value.code == "grammar_compile_timeout" and backend.worker.kills == 1
     matcher = backend.new_matcher(backend.compile(Spec("regex", "(yes|no)")))  # a fresh child
     for tok in tokenizer.encode("yes", add_special_tokens=False):
