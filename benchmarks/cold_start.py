@@ -127,7 +127,7 @@ def json_body(system: str, schema: dict, text: str, max_tokens: int) -> dict:
                                 "json_schema": {"name": "invoice", "schema": schema}}}
 
 
-STEP_DONE = re.compile(r"preheat\.lifecycle: \w+: ([\w-]+) done in ([0-9.]+)s")
+STEP_DONE = re.compile(r"preheat\.(?:engine\.)?lifecycle: \w+: ([\w-]+) done in ([0-9.]+)s")
 LOADED = re.compile(r"loaded in ([0-9.]+)s")
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
 import threading
 import weakref
 from multiprocessing.connection import Connection
@@ -25,6 +26,7 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 300.0  # the first start imports xgrammar (and torch) in the forkserver
+COMPILER_NICENESS = 10  # added to the server's niceness in the compiler process (see _serve)
 
 
 class CompileTimeout(Exception):
@@ -53,8 +55,16 @@ def _context() -> Any:
 
 
 def _serve(conn: Connection, tokenizer_info_json: str) -> None:
-    """The child: build the compiler once, then compile what arrives until the pipe closes."""
+    """The child: build the compiler once, then compile what arrives until the pipe closes.
+
+    It runs at a lower CPU priority: a compile can take a whole core for its full time limit,
+    and on a small CPU that starved the server's event loop (probes) and the step loop."""
     import xgrammar as xgr
+
+    try:
+        os.nice(COMPILER_NICENESS)
+    except OSError:  # not allowed here: compile at the server's priority
+        pass
 
     info = xgr.TokenizerInfo.deserialize_json(tokenizer_info_json)
     compiler = xgr.GrammarCompiler(info, cache_enabled=False)
