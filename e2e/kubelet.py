@@ -36,6 +36,7 @@ import os
 import random
 import signal
 import socket
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -182,6 +183,7 @@ class LocalKubelet:
             if rt.proc is not None and rt.proc.returncode is None:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(rt.proc.pid, signal.SIGSTOP)
+                    await _until_stopped(rt.proc.pid)
         return names
 
     async def evict(self, name: str, reason: str = "Evicted",
@@ -504,3 +506,18 @@ class LocalKubelet:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             await proc.wait()
+
+
+async def _until_stopped(pid: int, timeout: float = 5.0) -> None:
+    """Waits until the kernel shows `pid` stopped. A signal takes effect when the process is
+    next scheduled, which on a busy machine comes after killpg returns; the node is only
+    gone once its engines no longer run."""
+    stat = Path(f"/proc/{pid}/stat")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if stat.read_text().rsplit(")", 1)[1].split()[0] in ("T", "t"):
+                return
+        except (FileNotFoundError, ProcessLookupError):  # gone already, or no /proc here
+            return
+        await asyncio.sleep(0.01)
