@@ -347,13 +347,18 @@ class LocalKubelet:
                     for key, text in (resp.json().get("data") or {}).items():
                         (path / key).write_text(text)
                     break
-                rt.state = replace(rt.state, waiting_reason="ContainerCreating")
-                await self._report(rt)
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(rt.stop.wait(), 0.5)
-                if rt.stop.is_set():
+                if not await self._wait_in(rt, "ContainerCreating"):
                     return False
         return True
+
+    async def _wait_in(self, rt: PodRuntime, reason: str) -> bool:
+        """Reports the container waiting for `reason` and waits half a second before the
+        caller looks again; False once the pod is stopping."""
+        rt.state = replace(rt.state, waiting_reason=reason)
+        await self._report(rt)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(rt.stop.wait(), 0.5)
+        return not rt.stop.is_set()
 
     async def _fetch_secrets(self, rt: PodRuntime) -> bool:
         """Reads the Secret keys the env names, as a kubelet does before it creates the
@@ -369,11 +374,7 @@ class LocalKubelet:
                 if data is not None and all(k in data for k in keys):
                     rt.secrets[name] = {k: base64.b64decode(v).decode() for k, v in data.items()}
                     break
-                rt.state = replace(rt.state, waiting_reason="CreateContainerConfigError")
-                await self._report(rt)
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(rt.stop.wait(), 0.5)
-                if rt.stop.is_set():
+                if not await self._wait_in(rt, "CreateContainerConfigError"):
                     return False
         return True
 
