@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_fault_containment import run as run_to_end
 
 from preheat.engine import LLM, SamplingParams
 from preheat.engine.kv.prefix_io import read_pages
@@ -211,18 +212,6 @@ def test_warmup_runs_the_speculative_path_and_leaves_nothing_behind(small_vocab_
 
 
 # --- a drafted request fails alone ---------------------------------------------------------------
-
-
-def run_to_end(engine, seqs) -> dict:
-    """Queues built sequences and steps until all finish; returns the final outputs by id."""
-    for seq in seqs:
-        engine.enqueue(seq)
-    finals = {}
-    while engine.has_unfinished():
-        for out in engine.step():
-            if out.finished:
-                finals[out.request_id] = out
-    return finals
 
 
 def spec_fault_setup(model_dir: Path, base: str):
