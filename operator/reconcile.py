@@ -141,29 +141,18 @@ async def _ensure_snapshot_claim(kube: Kube, name: str, ns: str, uid: str,
 
 async def _ensure_disruption_budget(kube: Kube, name: str, ns: str, uid: str,
                                     spec: ServiceSpec) -> Conflict | None:
-    def same(have: dict, want: dict) -> bool:
-        return {k: (have.get("spec") or {}).get(k) for k in want["spec"]} == want["spec"]
-
-    return await _ensure_optional(kube, PDBS, "PodDisruptionBudget", name, ns, uid,
-                                  render.disruption_budget(name, ns, uid, spec), same)
-
-
-async def _ensure_optional(kube: Kube, path: str, kind: str, name: str, ns: str, uid: str,
-                           want: dict | None, same: Callable[[dict, dict], bool]) -> Conflict | None:
-    """One child the spec may or may not ask for (a budget, an HPA): created, patched when
-    `same` says it drifted, deleted when no longer wanted - only ever ours; a foreign object
-    of that name is left alone and reported as a conflict."""
-    have = await kube.get(path, ns, name)
+    want = render.disruption_budget(name, ns, uid, spec)
+    have = await kube.get(PDBS, ns, name)
     owner = ownership(have, name, uid)
     if want is None:
         if owner is Ownership.OURS:
-            await kube.delete(path, ns, name)
+            await kube.delete(PDBS, ns, name)
     elif owner is Ownership.ABSENT:
-        await kube.create(path, ns, want)
+        await kube.create(PDBS, ns, want)
     elif owner is Ownership.FOREIGN:
-        return conflict(kind, have, name)
-    elif not same(have, want):
-        await kube.patch(path, ns, name, {"spec": want["spec"]})
+        return conflict("PodDisruptionBudget", have, name)
+    elif {k: (have.get("spec") or {}).get(k) for k in want["spec"]} != want["spec"]:
+        await kube.patch(PDBS, ns, name, {"spec": want["spec"]})
     return None
 
 
@@ -186,9 +175,19 @@ def _contains(have: Any, want: Any) -> bool:
 
 async def _ensure_autoscaler(kube: Kube, name: str, ns: str, uid: str,
                              spec: ServiceSpec) -> Conflict | None:
-    return await _ensure_optional(kube, HPAS, "HorizontalPodAutoscaler", name, ns, uid,
-                                  render.autoscaler(name, ns, uid, spec),
-                                  lambda have, want: _contains(have.get("spec"), want["spec"]))
+    want = render.autoscaler(name, ns, uid, spec)
+    have = await kube.get(HPAS, ns, name)
+    owner = ownership(have, name, uid)
+    if want is None:
+        if owner is Ownership.OURS:
+            await kube.delete(HPAS, ns, name)
+    elif owner is Ownership.ABSENT:
+        await kube.create(HPAS, ns, want)
+    elif owner is Ownership.FOREIGN:
+        return conflict("HorizontalPodAutoscaler", have, name)
+    elif not _contains(have.get("spec"), want["spec"]):
+        await kube.patch(HPAS, ns, name, {"spec": want["spec"]})
+    return None
 
 
 async def _apply(kube: Kube, body: Mapping[str, Any], spec: ServiceSpec, action: Action,
