@@ -55,6 +55,8 @@ class AsyncEngine:
         self.engine: Any = None
         self._phase = "loading"
         metrics.set_phase("loading")
+        # What /ready adds to its body for the current phase (downloading: bytes_done, bytes_total).
+        self.phase_detail: Callable[[], dict[str, Any]] | None = None
         self._streams: dict[str, _Stream] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()

@@ -34,7 +34,15 @@ class EngineConfig:
     # --- model ---
     model: str | None = _opt(
         "Model to serve: a Hugging Face directory (config + safetensors + tokenizer) or a "
-        ".gguf file. Empty = the embedded default, SmolLM2-135M-Instruct."
+        ".gguf file; a hub id ORG/NAME or hf://ORG/NAME[@REVISION][/FILE.gguf] (HF_ENDPOINT, "
+        "HF_TOKEN); s3://BUCKET/PREFIX (AWS_ENDPOINT_URL, the standard credential chain). "
+        "Remote models are downloaded once into --download-dir. Empty = the embedded default, "
+        "SmolLM2-135M-Instruct."
+    )
+    download_dir: str | None = _opt(
+        "Where hub and S3 models are downloaded (atomically, resumable, verified once, locked "
+        "so processes sharing it download once). Empty = HF_HUB_CACHE when set, else "
+        "<weight cache>/downloads."
     )
     served_model_name: str | None = _opt(
         "Name clients use in the `model` field (default: derived from --model)."
@@ -235,6 +243,12 @@ def validate(cfg: EngineConfig) -> None:
             raise ConfigError(f"{flag}: {value} is above the maximum {meta['max']}")
     if cfg.api_key is not None and not cfg.api_key.strip():
         raise ConfigError("--api-key: the key is empty; give a key, or leave the flag and PREHEAT_API_KEY unset")
+    from preheat.engine.model.uri import ModelURIError, parse_model
+
+    try:
+        parse_model(cfg.model)
+    except ModelURIError as e:
+        raise ConfigError(str(e)) from None
     if cfg.prompt_lookup_min > cfg.prompt_lookup_max:
         raise ConfigError("--prompt-lookup-min must not exceed --prompt-lookup-max")
     if cfg.max_total_tokens is not None and cfg.max_total_tokens < cfg.page_size:

@@ -1,6 +1,6 @@
 """Start-up and shutdown of a serving engine, in the order the readiness contract needs.
 
-start-up:  loading (build the Engine)  ->  each StartupStep (restoring / warming)  ->  ready
+start-up:  downloading (a hub or S3 model)  ->  loading (build the Engine)  ->  each StartupStep (restoring / warming)  ->  ready
 shutdown:  draining (stop admitting, let in-flight finish)  ->  on_shutdown callbacks  ->  stop
 
 The warm-start code plugs in here: snapshot restore and warmup templates are StartupSteps;
@@ -10,6 +10,7 @@ persisting the snapshot is an `AsyncEngine.on_shutdown` callback.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import logging
 import threading
@@ -18,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from preheat.engine import termination
 from preheat.engine.async_engine import AsyncEngine
 from preheat.engine.config import EngineConfig
 
@@ -62,6 +64,15 @@ async def in_daemon_thread(fn: Callable[..., Any], *args: Any) -> Any:
     return await future
 
 
+def termination_message(e: BaseException) -> str:
+    """What the pod's termination message says about a failed start-up: the reason first
+    (ModelUnavailable for a model that does not exist or refused credentials), then why."""
+    from preheat.engine.model.download import ModelUnavailable
+
+    reason = termination.MODEL_UNAVAILABLE if isinstance(e, ModelUnavailable) else type(e).__name__
+    return f"{reason}: {e}"
+
+
 def default_engine_factory(config: EngineConfig) -> Any:
     from preheat.engine.engine import Engine
 
@@ -87,6 +98,7 @@ class Lifecycle:
         ae, metrics = self.aengine, self.aengine.metrics
         began = time.monotonic()
         try:
+            await self._download()
             ae.set_phase("loading")
             log.info("loading model %s", self.config.model or "(embedded SmolLM2-135M-Instruct)")
             t = time.monotonic()
@@ -110,6 +122,7 @@ class Lifecycle:
         except Exception as e:
             self.failed = e
             log.error("start-up failed: %s: %s", type(e).__name__, e)
+            termination.write(termination_message(e))
             log.debug("start-up failure", exc_info=True)
             return False
         if ae.phase == "draining":
@@ -117,6 +130,32 @@ class Lifecycle:
         ae.set_phase("ready")
         log.info("ready in %.1fs", time.monotonic() - began)
         return True
+
+    async def _download(self) -> None:
+        """Phase "downloading": a hub or S3 model is fetched into --download-dir (or found
+        there complete); the engine then loads the local copy."""
+        from preheat.engine.model.download import Progress
+        from preheat.engine.model.fetch import fetch_model, needs_download
+
+        if not needs_download(self.config.model):
+            return
+        ae = self.aengine
+        progress = Progress(on_fetched=ae.metrics.model_download_bytes.inc)
+        ae.phase_detail = progress.as_dict
+        ae.set_phase("downloading")
+        t = time.monotonic()
+        log.info("downloading model %s", self.config.model)
+        try:
+            fetched = await in_daemon_thread(fetch_model, self.config.model, self.config.download_dir,
+                                             self.config.weight_cache_dir, progress)
+        finally:
+            ae.phase_detail = None
+        ae.metrics.startup_seconds.labels(step="download").observe(time.monotonic() - t)
+        log.info("model %s is at %s (%.1f MB fetched in %.1fs)", self.config.model, fetched.path,
+                 progress.fetched / 1e6, time.monotonic() - t)
+        self.config = dataclasses.replace(
+            self.config, model=fetched.path,
+            served_model_name=self.config.served_model_name or fetched.served_name)
 
     async def shutdown(self, timeout: float | None = None) -> bool:
         """Drains, runs the shutdown callbacks, stops the step thread. True when every

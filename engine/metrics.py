@@ -12,7 +12,7 @@ import threading
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-PHASES = ("loading", "restoring", "warming", "ready", "draining")
+PHASES = ("downloading", "loading", "restoring", "warming", "ready", "draining")
 
 # Latency buckets from a 135M model on one CPU core up to a big model under load.
 _TTFT_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40)
@@ -113,6 +113,11 @@ class Metrics:
         self.ready = Gauge("preheat_ready", "1 when /ready answers 200, else 0.", registry=r)
         self.phase = Gauge(
             "preheat_phase", "1 for the current readiness phase.", ["phase"], registry=r
+        )
+        self.model_download_bytes = Counter(
+            "preheat_model_download_bytes",
+            "Bytes of model files this process downloaded (hub or S3; 0 when read from the cache).",
+            registry=r,
         )
         # --- warm start (recorded by warmup, snapshot and CUDA-graph code) ---
         self.cuda_graph_capture_seconds = Gauge(
