@@ -11,6 +11,7 @@ restart makes one revision call and nothing else), a lock per model, and progres
 from __future__ import annotations
 
 import fnmatch
+import importlib
 import json
 import logging
 import os
@@ -77,7 +78,6 @@ def _display(ref: HubModel) -> str:
 def fetch(ref: HubModel, download_dir: Path, progress: Progress) -> Path:
     """The local path of the model (the snapshot folder, or the GGUF file in it),
     downloading what is missing. Raises ModelUnavailable or DownloadFailed."""
-    import httpx
     from huggingface_hub import errors
 
     try:
@@ -98,10 +98,21 @@ def fetch(ref: HubModel, download_dir: Path, progress: Progress) -> Path:
     except errors.OfflineModeIsEnabled:
         raise DownloadFailed(f"{_display(ref)}: HF_HUB_OFFLINE is set and the model is not "
                              f"complete in {download_dir}") from None
-    except (httpx.TransportError, errors.LocalEntryNotFoundError) as e:
+    except (*_transport_errors(), errors.LocalEntryNotFoundError) as e:
         endpoint = os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
         raise DownloadFailed(f"{_display(ref)}: the hub at {endpoint} could not be reached "
                              f"({type(e).__name__})") from None
+
+
+def _transport_errors() -> tuple[type[Exception], ...]:
+    """The HTTP client's "could not reach" errors: huggingface_hub 2.x uses httpx2, 1.x httpx."""
+    out: list[type[Exception]] = []
+    for name in ("httpx2", "httpx"):
+        try:
+            out.append(importlib.import_module(name).TransportError)
+        except (ImportError, AttributeError):
+            pass
+    return tuple(out)
 
 
 def _status(e: Exception) -> str:

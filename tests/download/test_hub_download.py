@@ -85,7 +85,7 @@ def test_two_processes_sharing_the_dir_download_once(hub_endpoint, hub, tmp_path
     def run():
         try:
             results.append(fetch(f"hf://{GGUF_REPO}/{DEFAULT_GGUF_NAME}", tmp_path).path)
-        except Exception as e:  # noqa: BLE001 - reported below
+        except Exception as e:  # reported below
             errors.append(e)
 
     try:
