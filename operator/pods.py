@@ -46,6 +46,9 @@ class PodView:
     restarts: int = 0
     container_died_at: float | None = None  # the last container exit the kubelet reported
     draining_since: float | None = None  # role=draining: out of the endpoints since then
+    # What the engine wrote to its terminationMessagePath when it last exited (the kubelet
+    # copies it into state/lastState.terminated.message), e.g. "ModelUnavailable: ...".
+    termination_message: str = ""
 
     @property
     def dead(self) -> bool:
@@ -66,6 +69,17 @@ def _died_at(status: Mapping[str, Any]) -> float | None:
             if t is not None:
                 times.append(t)
     return max(times) if times else None
+
+
+def _termination_message(status: Mapping[str, Any]) -> str:
+    """The message of the newest container exit (state, else lastState)."""
+    newest: tuple[float, str] = (-1.0, "")
+    for c in status.get("containerStatuses") or []:
+        for where in (c.get("state") or {}, c.get("lastState") or {}):
+            t = where.get("terminated") or {}
+            if t.get("message"):
+                newest = max(newest, (parse_time(t.get("finishedAt")) or 0.0, str(t["message"])))
+    return newest[1]
 
 
 def view(pod: Mapping[str, Any]) -> PodView:
@@ -98,4 +112,5 @@ def view(pod: Mapping[str, Any]) -> PodView:
         restarts=sum(int(c.get("restartCount") or 0) for c in status.get("containerStatuses") or []),
         container_died_at=_died_at(status),
         draining_since=parse_time((meta.get("annotations") or {}).get(DRAINING_SINCE)),
+        termination_message=_termination_message(status),
     )

@@ -121,20 +121,25 @@ async def _ensure_snapshot_claim(kube: Kube, name: str, ns: str, uid: str,
                                  spec: ServiceSpec) -> ClaimState:
     if not spec.snapshot.shared:
         return ClaimState(None)  # an existing claim is kept: it holds data, owned for cleanup
-    claim = await kube.get(PVCS, ns, render.snapshot_claim_name(name))
+    return await _ensure_claim(kube, name, ns, uid, render.snapshot_claim(name, ns, uid, spec))
+
+
+async def _ensure_claim(kube: Kube, name: str, ns: str, uid: str, want: dict[str, Any]) -> ClaimState:
+    """Creates the claim, or keeps its owner references as `want` says (a retained claim is
+    not garbage-collected with the service)."""
+    claim = await kube.get(PVCS, ns, want["metadata"]["name"])
     owner = ownership(claim, name, uid, adopt_retained=True)
     if owner is Ownership.FOREIGN:
         return ClaimState(None, conflict("PersistentVolumeClaim", claim, name))
     if claim is None:
-        claim = await kube.create(PVCS, ns, render.snapshot_claim(name, ns, uid, spec))
+        claim = await kube.create(PVCS, ns, want)
     else:
-        # snapshot.retainOnDelete decides whether the garbage collector may take it.
-        want = render.claim_owner_references(name, uid, spec)
+        wanted = want["metadata"]["ownerReferences"]
         have = (claim.get("metadata") or {}).get("ownerReferences") or []
-        if bool(want) != any(r.get("uid") == uid for r in have):
+        if bool(wanted) != any(r.get("uid") == uid for r in have):
             others = [r for r in have if r.get("uid") != uid]
             await kube.patch(PVCS, ns, claim["metadata"]["name"],
-                             {"metadata": {"ownerReferences": others + want}})
+                             {"metadata": {"ownerReferences": others + wanted}})
     # A new claim has no status yet.
     return ClaimState((claim.get("status") or {}).get("phase") or "Pending")
 
@@ -286,6 +291,11 @@ async def reconcile(kube: Kube, namespace: str, name: str, events: EventSink,
         snapshot_phase = claim.phase
         if claim.conflict is not None:
             conflicts.append(claim.conflict)
+        cache_claim = render.model_cache_claim(name, namespace, uid, spec)
+        if cache_claim is not None:
+            cached = await _ensure_claim(kube, name, namespace, uid, cache_claim)
+            if cached.conflict is not None:
+                conflicts.append(cached.conflict)
         # The first pods need the Service (their peer URL); once pods exist, acting on them
         # comes first: a failover must not wait for three other API calls.
         if not pods:
@@ -377,7 +387,8 @@ def _report_transitions(body: Mapping[str, Any], previous: Mapping[str, Any],
                         status: Mapping[str, Any], events: EventSink) -> None:
     """A Warning Event when a condition turns bad (once, not on every pass)."""
     for ctype, bad_reason in (("Progressing", "ProgressDeadlineExceeded"),
-                              ("SnapshotVolumeBound", "ClaimPending")):
+                              ("SnapshotVolumeBound", "ClaimPending"),
+                              ("ModelUnavailable", "ModelNotFoundOrRefused")):
         new, old = _condition(status, ctype), _condition(previous, ctype)
         if new.get("reason") == bad_reason and old.get("reason") != bad_reason:
             events(body, "Warning", bad_reason, str(new.get("message", "")))

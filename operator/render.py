@@ -22,13 +22,14 @@ from preheat.operator.resources import (
     ROLE_SERVING,
     WARM_CONDITION,
 )
-from preheat.operator.spec import GPU_RESOURCE, ServiceSpec
+from preheat.operator.spec import CACHE_NODE_LOCAL, CACHE_SHARED, GPU_RESOURCE, ServiceSpec
 
 ENGINE_PORT = 8000  # DESIGN.md contract
 TEMPLATES_DIR = "/etc/preheat/warmup-templates"
 SNAPSHOT_DIR = "/var/lib/preheat/snapshots"
 MODEL_DIR = "/models"
 CACHE_DIR = "/var/cache/preheat"
+MODEL_CACHE_DIR = "/var/cache/preheat-models"  # the engines' --download-dir (spec.model.cache)
 RUN_AS = 1000
 API_KEY_ENV = "PREHEAT_API_KEY"  # the engine's --api-key (engine/config.py: PREHEAT_<FIELD>)
 SNAPSHOT_FLUSH_RESERVE_S = 15  # of the grace period, kept for persisting the snapshot
@@ -67,6 +68,24 @@ def selector_string(name: str) -> str:
 
 def snapshot_claim_name(name: str) -> str:
     return f"{name}-snapshots"
+
+
+def model_cache_claim_name(name: str) -> str:
+    return f"{name}-model-cache"
+
+
+def model_cache_volume(name: str, spec: ServiceSpec) -> dict[str, Any]:
+    """The volume downloads land in. PodLocal: the pod's emptyDir (each new pod downloads);
+    SharedVolume: one claim every pod mounts (one download for the service; needs
+    ReadWriteMany storage, or every pod on one node); NodeLocal: a hostPath on each node
+    (one download per node, on any storage; the namespace's Pod Security level must allow
+    hostPath volumes)."""
+    cache = spec.model.cache
+    if cache.storage == CACHE_SHARED:
+        return {"name": "model-cache", "persistentVolumeClaim": {"claimName": model_cache_claim_name(name)}}
+    if cache.storage == CACHE_NODE_LOCAL:
+        return {"name": "model-cache", "hostPath": {"path": cache.host_path, "type": "DirectoryOrCreate"}}
+    return {"name": "model-cache", "emptyDir": {}}
 
 
 def weight_cache_dir(spec: ServiceSpec) -> str:
@@ -133,6 +152,8 @@ def _engine_env(name: str, spec: ServiceSpec) -> list[dict[str, Any]]:
         "HOME": "/tmp",
         "XDG_CACHE_HOME": CACHE_DIR,
     }
+    if model.remote:
+        env["PREHEAT_DOWNLOAD_DIR"] = MODEL_CACHE_DIR
     if spec.engine.tensor_parallel_size > 1:
         env["PREHEAT_TENSOR_PARALLEL_SIZE"] = str(spec.engine.tensor_parallel_size)
     if spec.warmup_templates:
@@ -199,6 +220,9 @@ def _volumes(name: str, spec: ServiceSpec) -> tuple[list[dict[str, Any]], list[d
     elif spec.snapshot.enabled:  # PodLocal: any storage works, nothing to bind
         volumes.append({"name": "snapshots", "emptyDir": {"sizeLimit": spec.snapshot.size}})
         mounts.append({"name": "snapshots", "mountPath": SNAPSHOT_DIR})
+    if spec.model.remote:
+        volumes.append(model_cache_volume(name, spec))
+        mounts.append({"name": "model-cache", "mountPath": MODEL_CACHE_DIR})
     if spec.model.pvc:
         volumes.append({"name": "model",
                         "persistentVolumeClaim": {"claimName": spec.model.pvc, "readOnly": True}})
@@ -216,6 +240,8 @@ def pod_spec(name: str, spec: ServiceSpec) -> dict[str, Any]:
         "command": ["preheat", "serve"],
         "args": list(spec.engine.args),
         "env": _engine_env(name, spec),
+        **({"envFrom": [{"secretRef": {"name": spec.model.credentials_secret}}]}
+           if spec.model.credentials_secret else {}),
         "ports": [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"}],
         "volumeMounts": mounts,
         # /health answers within a second of the process starting (uvicorn comes up before
@@ -316,20 +342,33 @@ def claim_owner_references(name: str, uid: str, spec: ServiceSpec) -> list[dict[
     return [] if spec.snapshot.retain_on_delete else [owner_reference(name, uid)]
 
 
-def snapshot_claim(name: str, namespace: str, uid: str, spec: ServiceSpec) -> dict[str, Any]:
-    pvc_spec: dict[str, Any] = {
-        "accessModes": [spec.snapshot.access_mode],
-        "resources": {"requests": {"storage": spec.snapshot.size}},
-    }
-    if spec.snapshot.storage_class:
-        pvc_spec["storageClassName"] = spec.snapshot.storage_class
+def _claim(name: str, namespace: str, uid: str, claim_name: str, access_mode: str, size: str,
+           storage_class: str | None, owners: list[dict[str, Any]]) -> dict[str, Any]:
+    pvc_spec: dict[str, Any] = {"accessModes": [access_mode], "resources": {"requests": {"storage": size}}}
+    if storage_class:
+        pvc_spec["storageClassName"] = storage_class
     return {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
-        "metadata": {**child_metadata(name, namespace, uid, snapshot_claim_name(name)),
-                     "ownerReferences": claim_owner_references(name, uid, spec)},
+        "metadata": {**child_metadata(name, namespace, uid, claim_name), "ownerReferences": owners},
         "spec": pvc_spec,
     }
+
+
+def snapshot_claim(name: str, namespace: str, uid: str, spec: ServiceSpec) -> dict[str, Any]:
+    s = spec.snapshot
+    return _claim(name, namespace, uid, snapshot_claim_name(name), s.access_mode, s.size, s.storage_class,
+                  claim_owner_references(name, uid, spec))
+
+
+def model_cache_claim(name: str, namespace: str, uid: str, spec: ServiceSpec) -> dict[str, Any] | None:
+    """The shared download claim (model.cache.storage SharedVolume), owned by the service:
+    deleting the service deletes its cached weights."""
+    c = spec.model.cache
+    if not spec.model.remote or c.storage != CACHE_SHARED:
+        return None
+    return _claim(name, namespace, uid, model_cache_claim_name(name), c.access_mode, c.size, c.storage_class,
+                  [owner_reference(name, uid)])
 
 
 def external_metric_selector(name: str) -> dict[str, Any]:

@@ -25,12 +25,62 @@ class SpecError(ValueError):
         self.message = message
 
 
+CACHE_POD_LOCAL = "PodLocal"  # each pod's emptyDir: every new pod downloads
+CACHE_SHARED = "SharedVolume"  # one claim (ReadWriteMany) every pod mounts: one download
+CACHE_NODE_LOCAL = "NodeLocal"  # a hostPath on each node: one download per node (any storage)
+CACHE_STORAGES = (CACHE_POD_LOCAL, CACHE_SHARED, CACHE_NODE_LOCAL)
+REMOTE_SCHEMES = ("hf://", "s3://")
+
+
+@dataclass(frozen=True)
+class ModelCacheSpec:
+    """Where engines download a hub or S3 model (their --download-dir)."""
+    storage: str = CACHE_POD_LOCAL
+    size: str = "50Gi"
+    storage_class: str | None = None
+    access_mode: str = "ReadWriteMany"
+    host_path: str = "/var/cache/preheat/models"
+
+
 @dataclass(frozen=True)
 class ModelSource:
     path: str | None = None  # a path inside the image, or inside the PVC when pvc is set
     pvc: str | None = None  # claim name holding the weights (mounted read-only)
-    uri: str | None = None  # handed to the engine verbatim
+    uri: str | None = None  # hf://, s3:// or ORG/NAME: the engine downloads it (pvc:// is parsed into pvc/path)
     served_name: str | None = None
+    credentials_secret: str | None = None  # a Secret whose keys become the engines' env (HF_TOKEN, AWS_*)
+    cache: ModelCacheSpec = ModelCacheSpec()
+
+    @property
+    def remote(self) -> bool:
+        """The engine downloads it (hub or S3) rather than reading a path."""
+        return bool(self.uri)
+
+
+def _model_uri(uri: str | None) -> tuple[str | None, str | None, str | None]:
+    """(uri for the engine, claim, path in claim) from spec.model.uri."""
+    if not uri:
+        return None, None, None
+    if uri.startswith("pvc://"):
+        claim, _, path = uri.removeprefix("pvc://").partition("/")
+        if not claim:
+            raise SpecError("InvalidModelSource", f"model.uri {uri!r}: expected pvc://CLAIM/PATH")
+        return None, claim, path or None
+    if "://" in uri and not uri.startswith(REMOTE_SCHEMES):
+        raise SpecError("InvalidModelSource", f"model.uri {uri!r}: the scheme must be hf://, s3:// "
+                        "or pvc:// (or give a hub id ORG/NAME)")
+    return uri, None, None
+
+
+def _model_cache(cache: Mapping[str, Any]) -> ModelCacheSpec:
+    storage = cache.get("storage", CACHE_POD_LOCAL)
+    if storage not in CACHE_STORAGES:
+        raise SpecError("InvalidSpec", f"model.cache.storage must be one of {', '.join(CACHE_STORAGES)}, "
+                        f"got {storage!r}")
+    return ModelCacheSpec(storage=storage, size=str(cache.get("size", "50Gi")),
+                          storage_class=cache.get("storageClassName"),
+                          access_mode=cache.get("accessMode", "ReadWriteMany"),
+                          host_path=cache.get("hostPath", "/var/cache/preheat/models"))
 
 
 @dataclass(frozen=True)
@@ -281,6 +331,8 @@ def parse_spec(spec: Mapping[str, Any]) -> ServiceSpec:
     if len(chosen) > 1:  # none: the engine's embedded default model
         raise SpecError("InvalidModelSource", "model: set at most one of path, pvc or uri")
     pvc = model.get("pvc") or {}
+    uri, uri_claim, uri_path = _model_uri(model.get("uri"))
+    credentials = model.get("credentialsSecretRef") or {}
     engine = spec.get("engine") or {}
     if not engine.get("image"):
         raise SpecError("InvalidSpec", "engine.image is required")
@@ -313,10 +365,12 @@ def parse_spec(spec: Mapping[str, Any]) -> ServiceSpec:
     pdb = spec.get("disruptionBudget") or {}
     out = ServiceSpec(
         model=ModelSource(
-            path=model.get("path") or pvc.get("path"),
-            pvc=pvc.get("claimName"),
-            uri=model.get("uri"),
+            path=model.get("path") or pvc.get("path") or uri_path,
+            pvc=pvc.get("claimName") or uri_claim,
+            uri=uri,
             served_name=model.get("servedName"),
+            credentials_secret=credentials.get("name") or None,
+            cache=_model_cache(model.get("cache") or {}),
         ),
         engine=EngineSpec(
             image=engine["image"],

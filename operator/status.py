@@ -12,7 +12,11 @@ Conditions (each with the generation it describes, `observedGeneration`):
 - Progressing: as a Deployment's — True while pods move towards the spec and when done
   (reason RolloutComplete); False with reason ProgressDeadlineExceeded once nothing has
   moved for `rollout.progressDeadlineSeconds` (the rollout is not stopped, only reported);
-- FailoverBackoff: True while repeated failovers are being held back (decide.failover_delay).
+- FailoverBackoff: True while repeated failovers are being held back (decide.failover_delay);
+- ModelUnavailable: True while pods of the current template cannot start because the engine
+  could not get the model (it does not exist, or the credentials were refused); the message
+  is the engine's, from the pod's termination message. The kubelet's restart back-off and
+  the failover back-off pace the retries.
 """
 
 from __future__ import annotations
@@ -56,6 +60,18 @@ def _live(obs: Observation, role: str) -> list[PodView]:
 def _cond(ctype: str, ok: bool, reason: str, message: str) -> dict[str, Any]:
     return {"type": ctype, "status": "True" if ok else "False", "reason": reason,
             "message": message}
+
+
+MODEL_UNAVAILABLE = "ModelUnavailable"  # the engine's termination message starts with it (engine/termination.py)
+
+
+def model_unavailable(obs: Observation) -> PodView | None:
+    """A live, unready pod of the current template whose engine last exited for want of
+    the model; a ready pod of that template means the model is there after all."""
+    current = [p for p in obs.pods if p.template_hash == obs.template_hash and not p.terminating]
+    if any(p.containers_ready for p in current):
+        return None
+    return next((p for p in current if p.termination_message.startswith(MODEL_UNAVAILABLE + ":")), None)
 
 
 def serves(p: PodView) -> bool:
@@ -136,6 +152,14 @@ def compute(obs: Observation, selector: str, previous: Mapping[str, Any] | None,
     else:
         conds.append(_cond("FailoverBackoff", False, "NoBackoff",
                            f"{obs.history.count} failovers in the current streak"))
+
+    missing = model_unavailable(obs)
+    if missing is not None:
+        conds.append(_cond(MODEL_UNAVAILABLE, True, "ModelNotFoundOrRefused",
+                           f"pod {missing.name}: {missing.termination_message.removeprefix(MODEL_UNAVAILABLE + ': ')}"))
+    else:
+        conds.append(_cond(MODEL_UNAVAILABLE, False, "ModelAvailable",
+                           "no pod reported a missing model or refused credentials"))
 
     # A condition's lastTransitionTime moves only when its status flips.
     for c in conds:

@@ -1,0 +1,105 @@
+"""spec.model.uri schemes, credentialsSecretRef, the model cache volume, and the
+ModelUnavailable condition read from the engines' termination messages."""
+
+from __future__ import annotations
+
+import pytest
+
+from preheat.operator import render
+from preheat.operator.pods import view
+from preheat.operator.spec import SpecError, parse_spec
+from preheat.operator.status import Observation, compute
+
+IMAGE = {"engine": {"image": "localhost/preheat-engine:dev"}}
+
+
+def spec(model):
+    return parse_spec({**IMAGE, "model": model})
+
+
+def env(pod_spec):
+    return {e["name"]: e.get("value") for e in pod_spec["containers"][0]["env"]}
+
+
+def test_pvc_uri_is_the_same_as_model_pvc():
+    by_uri = render.pod_spec("svc", spec({"uri": "pvc://weights/llama-3"}))
+    by_pvc = render.pod_spec("svc", spec({"pvc": {"claimName": "weights", "path": "llama-3"}}))
+    assert by_uri == by_pvc
+    assert env(by_uri)["PREHEAT_MODEL"] == "/models/llama-3"
+    claim = next(v for v in by_uri["volumes"] if v["name"] == "model")
+    assert claim["persistentVolumeClaim"] == {"claimName": "weights", "readOnly": True}
+
+
+@pytest.mark.parametrize("uri", ["gs://bucket/model", "pvc:///path"])
+def test_unknown_schemes_are_refused(uri):
+    with pytest.raises(SpecError) as e:
+        spec({"uri": uri})
+    assert e.value.reason == "InvalidModelSource"
+
+
+@pytest.mark.parametrize("storage, volume", [
+    (None, {"name": "model-cache", "emptyDir": {}}),
+    ("SharedVolume", {"name": "model-cache", "persistentVolumeClaim": {"claimName": "svc-model-cache"}}),
+    ("NodeLocal", {"name": "model-cache", "hostPath": {"path": "/var/cache/preheat/models",
+                                                       "type": "DirectoryOrCreate"}}),
+])
+def test_remote_models_download_into_the_cache_volume(storage, volume):
+    model = {"uri": "hf://org/name", "credentialsSecretRef": {"name": "hf-token"}}
+    if storage:
+        model["cache"] = {"storage": storage}
+    s = spec(model)
+    pod = render.pod_spec("svc", s)
+    c = pod["containers"][0]
+    assert env(pod)["PREHEAT_MODEL"] == "hf://org/name"
+    assert env(pod)["PREHEAT_DOWNLOAD_DIR"] == render.MODEL_CACHE_DIR
+    assert volume in pod["volumes"]
+    assert {"name": "model-cache", "mountPath": render.MODEL_CACHE_DIR} in c["volumeMounts"]
+    # The Secret's keys (HF_TOKEN, AWS_*) reach the engine from the pod spec: the operator
+    # never reads the Secret.
+    assert c["envFrom"] == [{"secretRef": {"name": "hf-token"}}]
+    claim = render.model_cache_claim("svc", "ns", "uid-1", s)
+    assert (claim is not None) == (storage == "SharedVolume")
+    if claim:
+        assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+        assert claim["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+
+
+def test_local_models_get_no_cache_volume():
+    pod = render.pod_spec("svc", spec({"path": "/opt/model"}))
+    assert "PREHEAT_DOWNLOAD_DIR" not in env(pod)
+    assert all(v["name"] != "model-cache" for v in pod["volumes"]) and "envFrom" not in pod["containers"][0]
+
+
+def raw_pod(name, message, ready=False, template="v1"):
+    return {
+        "metadata": {"name": name, "labels": {"preheat.dev/role": "serving",
+                                              "preheat.dev/template-hash": template},
+                     "creationTimestamp": "2026-01-01T00:00:00Z"},
+        "status": {"phase": "Running", "conditions": [
+            {"type": "ContainersReady", "status": "True" if ready else "False"}],
+            "containerStatuses": [{"name": "engine", "restartCount": 2,
+                                   "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                                   "lastState": {"terminated": {"exitCode": 1, "message": message,
+                                                                "finishedAt": "2026-01-01T00:01:00Z"}}}]},
+    }
+
+
+def model_condition(*pods):
+    obs = Observation(replicas=1, warm_pool=0, template_hash="v1", pods=tuple(view(p) for p in pods),
+                      snapshot_enabled=False, snapshot_phase=None, degraded=None, generation=1)
+    st = compute(obs, "sel", {}, "2026-01-01T00:02:00Z")
+    return next(c for c in st["conditions"] if c["type"] == "ModelUnavailable")
+
+
+def test_model_unavailable_carries_the_engines_message():
+    msg = "ModelUnavailable: hf://org/missing: repository not found, or access refused"
+    c = model_condition(raw_pod("svc-a", msg))
+    assert c["status"] == "True" and c["reason"] == "ModelNotFoundOrRefused"
+    assert "hf://org/missing: repository not found" in c["message"] and "svc-a" in c["message"]
+
+
+def test_other_exits_and_a_ready_pod_clear_it():
+    assert model_condition(raw_pod("svc-a", "RuntimeError: CUDA out of memory"))["status"] == "False"
+    msg = "ModelUnavailable: hf://org/missing: repository not found"
+    assert model_condition(raw_pod("svc-a", msg), raw_pod("svc-b", "", ready=True))["status"] == "False"
+    assert model_condition(raw_pod("svc-a", msg, template="v0"))["status"] == "False"  # an old template's
