@@ -12,6 +12,10 @@ It does what the operator and the scenario can observe of a kubelet:
   ContainersReady / Ready (Ready also waits for the pod's readinessGates, which the operator
   opens) with containerStatuses, the pod's IP, phase Running;
 - restarts an exited container in place under restartPolicy Always (restartCount + 1);
+- the termination message: each container start gets a fresh file for its
+  terminationMessagePath (podmap.plan), and what the process wrote there (or, with
+  FallbackToLogsOnError, its log's end) is reported in state/lastState.terminated.message;
+- hostPath volumes: one directory per node (shared by that node's pods only);
 - on pod deletion runs the preStop sleep, then sends SIGTERM to the process group, SIGKILL
   after the grace period (the sleep counts against it);
 - evict(): what a kubelet does under node pressure — stop the container, phase Failed;
@@ -23,6 +27,7 @@ It does what the operator and the scenario can observe of a kubelet:
   the address of that Service's stand-in (e2e/service_proxy.py), through `dns`.
 
 Liveness probes, resource limits, image pulls and init containers are not modelled.
+envFrom takes Secrets only (secretRef), not ConfigMaps.
 """
 
 from __future__ import annotations
@@ -390,14 +395,16 @@ class LocalKubelet:
                 address = await self.dns(host, port)
                 if address:
                     hosts[f"{host}:{port}"] = address
+        pod_dir = self.root / "pods" / rt.uid
+        pod_dir.mkdir(parents=True, exist_ok=True)
+        termination_log = pod_dir / f"termination-log-{rt.state.restart_count}"
+        termination_log.write_bytes(b"")  # a fresh file per container, as the kubelet mounts
         plan = rt.plan = podmap.plan(rt.pod, commands=self.commands, host_port=rt.port,
                                      root=self.root, node_dirs=self.node_dirs,
                                      base_env=self.base_env, pod_ip=rt.ip, hosts=hosts,
-                                     secrets=rt.secrets)
+                                     secrets=rt.secrets, termination_log=termination_log)
         startup = podmap.probe(rt.pod, "startupProbe", rt.port, rt.ip)
         readiness = podmap.probe(rt.pod, "readinessProbe", rt.port, rt.ip)
-        pod_dir = self.root / "pods" / rt.uid
-        pod_dir.mkdir(parents=True, exist_ok=True)
         log_path = pod_dir / f"container-{rt.state.restart_count}.log"
         rt.logs.append(log_path)
         with log_path.open("wb") as out:
@@ -462,8 +469,11 @@ class LocalKubelet:
         # A signal death reads as 128+N, as a container runtime reports it.
         code = 128 - code if code < 0 else code
         rt.exit_codes.append(code)
+        message = podstatus.termination_message(
+            termination_log.read_text(errors="replace"), log_path.read_text(errors="replace"),
+            podmap.container(rt.pod).get("terminationMessagePolicy", "File"), code)
         rt.state = replace(rt.state, running=False, started=False, ready=False,
-                           last_exit_code=code, last_finished_at=_now())
+                           last_exit_code=code, last_finished_at=_now(), last_message=message or None)
         log.info("pod %s: pid %d exited %d", rt.name, rt.proc.pid, code)
         return code
 

@@ -7,6 +7,9 @@ local kubelet has neither, so it maps what the pod asks for onto this machine:
   `<python> -m preheat`), the rest and the args are kept;
 - volumes: each mounted volume becomes a local directory, and every env value or arg that
   names a path under a mountPath is rewritten to the local directory;
+- the termination message file (terminationMessagePath, /dev/termination-log by default):
+  a fresh local file per container start, named to the engine by
+  PREHEAT_TERMINATION_MESSAGE_PATH;
 - network: each pod gets its own loopback address (127.x.y.z) as its pod IP and listens on
   its container port there (the engine reads PREHEAT_HOST / PREHEAT_PORT), so podIP:8000
   reaches the pod as on a cluster network — which is how the operator scrapes /metrics.
@@ -28,8 +31,8 @@ class Unsupported(ValueError):
 @dataclass(frozen=True)
 class Volume:
     name: str
-    kind: str  # "emptyDir" | "configMap" | "persistentVolumeClaim"
-    source: str | None  # the ConfigMap or claim name
+    kind: str  # "emptyDir" | "configMap" | "persistentVolumeClaim" | "hostPath"
+    source: str | None  # the ConfigMap or claim name, the host path
 
 
 @dataclass(frozen=True)
@@ -67,8 +70,10 @@ def volumes(pod: Mapping[str, Any]) -> dict[str, Volume]:
         elif "persistentVolumeClaim" in v:
             out[v["name"]] = Volume(v["name"], "persistentVolumeClaim",
                                     v["persistentVolumeClaim"]["claimName"])
+        elif "hostPath" in v:
+            out[v["name"]] = Volume(v["name"], "hostPath", v["hostPath"]["path"])
         else:
-            raise Unsupported(f"volume {v['name']!r}: only emptyDir, configMap and PVCs")
+            raise Unsupported(f"volume {v['name']!r}: only emptyDir, configMap, hostPath and PVCs")
     return out
 
 
@@ -85,6 +90,9 @@ def volume_dir(pod: Mapping[str, Any], vol: Volume, root: Path,
     meta = pod["metadata"]
     if vol.kind == "persistentVolumeClaim":
         return claim_dir(root, meta["namespace"], vol.source or "")
+    if vol.kind == "hostPath":  # the node's own directory: shared by that node's pods only
+        node = (pod.get("spec") or {}).get("nodeName") or "node"
+        return root / "nodes" / node / "hostpath" / (vol.source or "").strip("/")
     return root / "pods" / meta["uid"] / "volumes" / vol.name
 
 
@@ -101,13 +109,30 @@ def rewrite_path(value: str, mounts: Mapping[str, Path]) -> str:
 
 
 def secret_names(pod: Mapping[str, Any]) -> list[str]:
-    """The Secrets the container's env reads keys of (secretKeyRef), in order, once each."""
+    """The Secrets the container's env reads keys of (secretKeyRef) or takes whole
+    (envFrom secretRef), in order, once each."""
     names: list[str] = []
-    for entry in container(pod).get("env") or []:
-        ref = (entry.get("valueFrom") or {}).get("secretKeyRef") or {}
+    refs = [(e.get("valueFrom") or {}).get("secretKeyRef") or {} for e in container(pod).get("env") or []]
+    refs += [e.get("secretRef") or {} for e in container(pod).get("envFrom") or []]
+    for ref in refs:
         if ref.get("name") and ref["name"] not in names:
             names.append(ref["name"])
     return names
+
+
+def env_from(pod: Mapping[str, Any], secrets: Mapping[str, Mapping[str, str]]) -> dict[str, str]:
+    """The container's envFrom secretRefs, each Secret's keys as variables (with the
+    entry's prefix), as a kubelet sets them before `env`, which wins over them."""
+    out: dict[str, str] = {}
+    for entry in container(pod).get("envFrom") or []:
+        ref = entry.get("secretRef")
+        if ref is None:
+            raise Unsupported("envFrom: only secretRef")
+        data = secrets.get(ref.get("name"))
+        if data is None:
+            raise Unsupported(f"envFrom: Secret {ref.get('name')!r} was not fetched")
+        out.update({entry.get("prefix", "") + k: v for k, v in data.items()})
+    return out
 
 
 def _env_value(entry: Mapping[str, Any], pod: Mapping[str, Any], pod_ip: str,
@@ -163,7 +188,8 @@ def plan(pod: Mapping[str, Any], *, commands: Mapping[str, Sequence[str]], host_
          root: Path, node_dirs: Mapping[str, Path] = {},
          base_env: Mapping[str, str] = {}, pod_ip: str = "127.0.0.1",
          hosts: Mapping[str, str] = {},
-         secrets: Mapping[str, Mapping[str, str]] = {}) -> ProcessPlan:
+         secrets: Mapping[str, Mapping[str, str]] = {},
+         termination_log: Path | None = None) -> ProcessPlan:
     c = container(pod)
     command = list(c.get("command") or [])
     if not command or command[0] not in commands:
@@ -178,10 +204,13 @@ def plan(pod: Mapping[str, Any], *, commands: Mapping[str, Sequence[str]], host_
     args = [rewrite_path(a, mounts) for a in [*command[1:], *(c.get("args") or [])]]
     if any(a == "--port" or a.startswith("--port=") or a == "--host" for a in args):
         raise Unsupported("--port/--host in args: the local kubelet owns the address")
-    env = dict(base_env)
+    env = {**base_env, **env_from(pod, secrets)}
     for entry in c.get("env") or []:
         env[entry["name"]] = rewrite_hosts(rewrite_path(_env_value(entry, pod, pod_ip, secrets), mounts),
                                            hosts)
+    if termination_log is not None:
+        # The file the kubelet mounts at the container's terminationMessagePath, mapped.
+        env["PREHEAT_TERMINATION_MESSAGE_PATH"] = str(termination_log)
     # The pod's network namespace, mapped: its own loopback address.
     env["PREHEAT_HOST"] = pod_ip
     env["PREHEAT_PORT"] = str(host_port)

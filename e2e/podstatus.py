@@ -23,6 +23,7 @@ class ContainerState:
     failures: int = 0  # readiness probe failures in a row
     last_exit_code: int | None = None
     last_finished_at: str | None = None  # when the last container exited (RFC 3339)
+    last_message: str | None = None  # its termination message (terminationMessagePath)
     waiting_reason: str | None = None  # e.g. ContainerCreating, CrashLoopBackOff
 
 
@@ -55,6 +56,27 @@ def _condition(previous: Mapping[str, Any], ctype: str, ok: bool, now: str) -> d
     return {"type": ctype, "status": status, "lastTransitionTime": since}
 
 
+def terminated(state: ContainerState, exit_code: int) -> dict[str, Any]:
+    """A `terminated` container state: exit code, finish time, termination message."""
+    out: dict[str, Any] = {"exitCode": exit_code}
+    if state.last_finished_at:
+        out["finishedAt"] = state.last_finished_at
+    if state.last_message:
+        out["message"] = state.last_message
+    return out
+
+
+def termination_message(written: str, log_tail: str, policy: str, exit_code: int) -> str:
+    """What the kubelet reports as the message: the file the container wrote (at most
+    4096 bytes); with terminationMessagePolicy FallbackToLogsOnError, when that is empty
+    and the container failed, the end of its log (80 lines, 2048 bytes)."""
+    if written:
+        return written[:4096]
+    if policy == "FallbackToLogsOnError" and exit_code != 0:
+        return "\n".join(log_tail.splitlines()[-80:])[-2048:]
+    return ""
+
+
 def status(pod: Mapping[str, Any], state: ContainerState, phase: str, now: str,
            reason: str | None = None, message: str | None = None,
            pod_ip: str | None = "127.0.0.1") -> dict[str, Any]:
@@ -68,18 +90,14 @@ def status(pod: Mapping[str, Any], state: ContainerState, phase: str, now: str,
     elif state.waiting_reason:
         cstate = {"waiting": {"reason": state.waiting_reason}}
     else:
-        cstate = {"terminated": {"exitCode": state.last_exit_code or 0,
-                                 **({"finishedAt": state.last_finished_at}
-                                    if state.last_finished_at else {})}}
+        cstate = {"terminated": terminated(state, exit_code=state.last_exit_code or 0)}
     container: dict[str, Any] = {
         "name": name, "ready": ready, "started": state.running and state.started,
         "restartCount": state.restart_count, "state": cstate,
         "image": ((pod.get("spec") or {}).get("containers") or [{}])[0].get("image", ""),
     }
     if state.last_exit_code is not None:
-        container["lastState"] = {"terminated": {"exitCode": state.last_exit_code,
-                                                 **({"finishedAt": state.last_finished_at}
-                                                    if state.last_finished_at else {})}}
+        container["lastState"] = {"terminated": terminated(state, exit_code=state.last_exit_code)}
     out: dict[str, Any] = {
         "phase": phase,
         "hostIP": "127.0.0.1",
@@ -102,7 +120,8 @@ def status(pod: Mapping[str, Any], state: ContainerState, phase: str, now: str,
 def _essence(st: Mapping[str, Any]) -> Any:
     """What a change is made of, without timestamps."""
     conds = {c.get("type"): c.get("status") for c in st.get("conditions") or []}
-    containers = [(c.get("ready"), c.get("restartCount"), sorted((c.get("state") or {}).keys()))
+    containers = [(c.get("ready"), c.get("restartCount"), sorted((c.get("state") or {}).keys()),
+                   ((c.get("lastState") or {}).get("terminated") or {}).get("message"))
                   for c in st.get("containerStatuses") or []]
     return (st.get("phase"), st.get("podIP"), st.get("reason"),
             conds.get("ContainersReady"), conds.get("Ready"), containers)

@@ -130,3 +130,22 @@ def test_rewrite_picks_the_longest_mount_and_leaves_other_paths_alone():
     assert podmap.rewrite_path("/var/log", mounts) == "/a/log"
     assert podmap.rewrite_path("/variable", mounts) == "/variable"
     assert podmap.grace_period_s(operator_pod()) == 20.0
+
+
+def test_model_credentials_envfrom_cache_hostpath_and_termination_log():
+    """A hub model with a credentials Secret and a node-local cache: the Secret's keys are
+    the process's env (the pod's own env wins), the hostPath is the node's directory, and
+    the termination message file is named to the engine."""
+    pod = operator_pod(model={"uri": "hf://org/name", "credentialsSecretRef": {"name": "hf"},
+                              "cache": {"storage": "NodeLocal"}})
+    pod["spec"]["nodeName"] = "node-b"
+    assert podmap.secret_names(pod) == ["hf"]
+    plan = podmap.plan(pod, commands=COMMANDS, host_port=41000, root=ROOT,
+                       secrets={"hf": {"HF_TOKEN": "hf_x", "PREHEAT_PORT": "1"}},
+                       termination_log=ROOT / "t.log")
+    assert plan.env["HF_TOKEN"] == "hf_x"
+    assert plan.env["PREHEAT_PORT"] == "41000"  # env (and the kubelet's own) wins over envFrom
+    assert plan.env["PREHEAT_DOWNLOAD_DIR"] == str(ROOT / "nodes" / "node-b" / "hostpath" / "var/cache/preheat/models")
+    assert plan.env["PREHEAT_TERMINATION_MESSAGE_PATH"] == str(ROOT / "t.log")
+    with pytest.raises(podmap.Unsupported, match="not fetched"):
+        podmap.plan(pod, commands=COMMANDS, host_port=41000, root=ROOT)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from e2e import podstatus
-from e2e.podstatus import ContainerState
+from e2e.podstatus import ContainerState, status, termination_message
 
 GATE = "preheat.dev/warm"
 
@@ -86,3 +86,14 @@ def test_an_evicted_pod_reports_failed_with_its_reason():
     st = podstatus.status(pod(), state, "Failed", "t1", "Evicted", "low on memory")
     assert (st["phase"], st["reason"], st["message"]) == ("Failed", "Evicted", "low on memory")
     assert st["containerStatuses"][0]["state"] == {"terminated": {"exitCode": 0}}
+
+
+def test_the_termination_message_is_reported_in_last_state():
+    state = ContainerState(restart_count=1, last_exit_code=1, last_finished_at="2026-01-01T00:00:00Z",
+                           last_message="ModelUnavailable: hf://org/x: repository not found",
+                           waiting_reason="CrashLoopBackOff")
+    st = status(pod(), state, "Running", "2026-01-01T00:00:01Z")
+    assert st["containerStatuses"][0]["lastState"]["terminated"]["message"].startswith("ModelUnavailable:")
+    assert termination_message("", "a\nb\nboom", "FallbackToLogsOnError", 1) == "a\nb\nboom"
+    assert termination_message("", "boom", "File", 1) == ""
+    assert termination_message("written", "boom", "FallbackToLogsOnError", 1) == "written"
