@@ -128,7 +128,8 @@ async def apply(d: Driver, service: str, *, warm_pool: int = 1, t: Timings,
                      "SnapshotVolumeBound": ("True", "PodLocal"),
                      "Degraded": ("False", "AsExpected"),
                      "Progressing": ("True", "RolloutComplete"),
-                     "FailoverBackoff": ("False", "NoBackoff")}, conds
+                     "FailoverBackoff": ("False", "NoBackoff"),
+                     "ModelUnavailable": ("False", "ModelAvailable")}, conds
     assert {c["observedGeneration"] for c in st["conditions"]} == {1}
     # The children a user sees.
     svc = await d.kube.get(SERVICES, d.namespace, service)

@@ -1,0 +1,82 @@
+"""An InferenceService whose model comes from the hub stand-in (tests/standins/hub_server.py)
+on the local harness: the first pod downloads into the shared model cache, the warm pod and
+a scale-up read it from there (counted in bytes the stand-in served per file); a service
+whose model does not exist reports ModelUnavailable with the engine's message and does not
+storm pods."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from e2e import manifests
+from e2e.local_cluster import local_cluster
+from e2e.provisioner import ANY_MODE
+from e2e.scenario import pods_of, status_of
+from e2e.waiting import eventually
+from preheat.operator.resources import INFERENCE_SERVICES
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from standins.hub_server import HubStandIn
+from tiny_models import build_tiny_model
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+REPO = "test-org/tiny-llama"
+
+
+def service(name: str, uri: str, hub_url: str, replicas: int = 1) -> dict:
+    body = manifests.inference_service(name, replicas=replicas, warm_pool=1, templates=False, snapshot=False)
+    body["spec"]["model"] = {"uri": uri, "cache": {"storage": "SharedVolume", "size": "1Gi"}}
+    body["spec"]["engine"]["env"] = [*body["spec"]["engine"]["env"],
+                                     {"name": "HF_ENDPOINT", "value": hub_url},
+                                     {"name": "HF_HUB_DISABLE_PROGRESS_BARS", "value": "1"},
+                                     {"name": "PREHEAT_DTYPE", "value": "float32"}]
+    return body
+
+
+async def test_pods_share_one_download(tmp_path):
+    from transformers import AutoTokenizer
+
+    from preheat.engine.model.loader import default_model_path
+
+    gguf = Path(default_model_path())
+    tiny = build_tiny_model(tmp_path / "tiny", "llama", AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name))
+    with HubStandIn() as hub:
+        hub.add(REPO, {p.name: p for p in tiny.iterdir() if p.is_file()})
+        sizes = {(REPO, n): p.stat().st_size for n, p in hub.repos[REPO].files.items()}
+        async with local_cluster(tmp_path / "node", access_modes=ANY_MODE) as cluster:
+            try:
+                await cluster.kube.create(INFERENCE_SERVICES, cluster.namespace,
+                                          service("hubbed", f"hf://{REPO}", hub.url))
+
+                async def ready(replicas: int):
+                    st = await status_of(cluster, "hubbed")
+                    assert (st.get("readyReplicas"), st.get("warmReplicas")) == (replicas, 1), st
+                    return st
+                await eventually(lambda: ready(1), 300, interval=0.5)
+                # Two pods started, one download: every file served exactly once.
+                assert hub.served == sizes
+                await cluster.kube.patch(INFERENCE_SERVICES, cluster.namespace, "hubbed", {"spec": {"replicas": 2}})
+                await eventually(lambda: ready(2), 300, interval=0.5)
+                assert len(await pods_of(cluster, "hubbed")) == 3  # the warm pod promoted, one refilled
+                assert hub.served == sizes  # the scale-up and the refill read the cache
+
+                # A model that is not there: the engines end at once with the reason, the
+                # operator says so, and the kubelet's and failover back-offs pace the pods.
+                await cluster.kube.create(INFERENCE_SERVICES, cluster.namespace,
+                                          service("missing", "hf://test-org/no-such-model", hub.url))
+
+                async def unavailable():
+                    st = await status_of(cluster, "missing")
+                    c = next(c for c in st.get("conditions") or [] if c["type"] == "ModelUnavailable")
+                    assert c["status"] == "True", c
+                    return c
+                c = await eventually(unavailable, 240, interval=0.5)
+                assert "hf://test-org/no-such-model: repository not found" in c["message"]
+                created = {p["metadata"]["name"] for p in await pods_of(cluster, "missing")}
+                assert len(created) <= 4, created  # 1 serving + 1 warm + failover surges, no storm
+            except BaseException:
+                print(cluster.diagnostics())
+                raise
