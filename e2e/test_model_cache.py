@@ -48,16 +48,22 @@ async def test_pods_share_one_download(tmp_path):
         sizes = {(REPO, n): p.stat().st_size for n, p in hub.repos[REPO].files.items()}
         async with local_cluster(tmp_path / "node", access_modes=ANY_MODE) as cluster:
             try:
+                hub.rate = 4e6  # a download of some seconds, for the status to show it
                 await cluster.kube.create(INFERENCE_SERVICES, cluster.namespace,
                                           service("hubbed", f"hf://{REPO}", hub.url))
+                progress: list[dict] = []
 
                 async def ready(replicas: int):
                     st = await status_of(cluster, "hubbed")
+                    progress.extend((st.get("model") or {}).get("downloading") or [])
                     assert (st.get("readyReplicas"), st.get("warmReplicas")) == (replicas, 1), st
                     return st
                 await eventually(lambda: ready(1), 300, interval=0.5)
+                hub.rate = None
                 # Two pods started, one download: every file served exactly once.
                 assert hub.served == sizes
+                # The status followed it: the pods' /ready bytes, the repository's total.
+                assert any(0 < d["bytesDone"] <= d["bytesTotal"] == sum(sizes.values()) for d in progress), progress
                 await cluster.kube.patch(INFERENCE_SERVICES, cluster.namespace, "hubbed", {"spec": {"replicas": 2}})
                 await eventually(lambda: ready(2), 300, interval=0.5)
                 assert len(await pods_of(cluster, "hubbed")) == 3  # the warm pod promoted, one refilled
@@ -70,8 +76,8 @@ async def test_pods_share_one_download(tmp_path):
 
                 async def unavailable():
                     st = await status_of(cluster, "missing")
-                    c = next(c for c in st.get("conditions") or [] if c["type"] == "ModelUnavailable")
-                    assert c["status"] == "True", c
+                    c = next((c for c in st.get("conditions") or [] if c["type"] == "ModelUnavailable"), {})
+                    assert c.get("status") == "True", c
                     return c
                 c = await eventually(unavailable, 240, interval=0.5)
                 assert "hf://test-org/no-such-model: repository not found" in c["message"]

@@ -15,7 +15,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from preheat.operator import render
+import httpx
+
+from preheat.operator import model_progress, render
 from preheat.operator.api_key import api_key_problem
 from preheat.operator.decide import (
     Action,
@@ -345,6 +347,15 @@ async def reconcile(kube: Kube, namespace: str, name: str, events: EventSink,
         failing=planned.failing if planned else (),
     )
     status = compute(obs, render.selector_string(name), previous, _now())
+    progress_recheck = None
+    if spec is not None and spec.model.remote:
+        raw = [p for p in await kube.list(PODS, namespace, {LABEL_SERVICE: name}) if _owned(p, uid)]
+        async with httpx.AsyncClient() as client:
+            status["model"] = {"uri": spec.model.uri, "downloading": await model_progress.downloading(client, raw)}
+        if status["model"]["downloading"]:
+            progress_recheck = time.time() + model_progress.RECHECK_S
+    elif "model" in previous:
+        status["model"] = None
     engine_mode = bool(spec and spec.autoscaling and spec.autoscaling.engine_mode)
     if "autoscaling" in previous and not engine_mode:
         status["autoscaling"] = None  # the built-in autoscaler's last word no longer applies
@@ -353,7 +364,10 @@ async def reconcile(kube: Kube, namespace: str, name: str, events: EventSink,
                          subresource="status")
         _report_problems(body, previous, problems, events)
         _report_transitions(body, previous, status, events)
-    return Outcome(status, _recheck_at(planned, status, obs))
+    recheck = _recheck_at(planned, status, obs)
+    if progress_recheck is not None:
+        recheck = progress_recheck if recheck is None else min(recheck, progress_recheck)
+    return Outcome(status, recheck)
 
 
 async def _api_key_problem(kube: Kube, namespace: str, ref: SecretKeyRef,

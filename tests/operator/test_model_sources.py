@@ -103,3 +103,13 @@ def test_other_exits_and_a_ready_pod_clear_it():
     msg = "ModelUnavailable: hf://org/missing: repository not found"
     assert model_condition(raw_pod("svc-a", msg), raw_pod("svc-b", "", ready=True))["status"] == "False"
     assert model_condition(raw_pod("svc-a", msg, template="v0"))["status"] == "False"  # an old template's
+
+
+def test_only_running_unready_pods_are_asked_for_progress():
+    from preheat.operator.model_progress import candidates
+
+    def p(name, phase="Running", ready="False", ip="10.0.0.7"):
+        return {"metadata": {"name": name}, "spec": {"containers": [{"ports": [{"name": "http", "containerPort": 8000}]}]},
+                "status": {"phase": phase, "podIP": ip, "conditions": [{"type": "ContainersReady", "status": ready}]}}
+    pods = [p("starting"), p("ready", ready="True"), p("pending", phase="Pending"), p("no-ip", ip=None)]
+    assert candidates(pods) == {"starting": "http://10.0.0.7:8000/ready"}
