@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import dataclasses
 import itertools
 import logging
 import threading
@@ -96,9 +97,23 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return torch.bfloat16
 
 
+def fetched_config(config: EngineConfig) -> EngineConfig:
+    """The config with a hub or S3 --model replaced by its local copy (downloaded now when
+    missing). `preheat serve` has already done this in its downloading phase (a no-op
+    then); the Python API (`LLM(model="org/name")`) gets it here."""
+    from preheat.engine.model.download import Progress
+    from preheat.engine.model.fetch import fetch_model, needs_download
+
+    if not needs_download(config.model):
+        return config
+    fetched = fetch_model(config.model, config.download_dir, config.weight_cache_dir, Progress())
+    return dataclasses.replace(config, model=fetched.path,
+                               served_model_name=config.served_model_name or fetched.served_name)
+
+
 class Engine:
     def __init__(self, config: EngineConfig | None = None, **overrides: Any) -> None:
-        config = config or EngineConfig(**overrides)
+        config = fetched_config(config or EngineConfig(**overrides))
         self.config = config
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)

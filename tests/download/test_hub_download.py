@@ -143,3 +143,13 @@ def test_an_unreachable_hub_fails_fast(monkeypatch, tmp_path):
     with pytest.raises(DownloadFailed, match="could not be reached"):
         fetch(TINY_REPO, tmp_path)
     assert time.monotonic() - t < 60
+
+
+def test_the_python_api_takes_a_hub_id(hub_endpoint, hub, tmp_path):
+    from preheat.engine.llm import LLM
+    from preheat.engine.sampling_params import SamplingParams
+
+    with LLM(model=TINY_REPO, download_dir=str(tmp_path / "dl"), weight_cache_dir="off", dtype="float32",
+             page_size=4, max_total_tokens=256, max_model_len=64) as llm:
+        [out] = llm.generate(["hello"], SamplingParams(max_tokens=3, temperature=0))
+        assert len(out.outputs[0].token_ids) == 3

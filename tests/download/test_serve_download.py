@@ -38,7 +38,9 @@ def test_download_phase_then_ready_then_cached(hub, tmp_path):
     assert any(0 < b["bytes_done"] for b in downloading)
     assert [b["bytes_done"] for b in downloading] == sorted(b["bytes_done"] for b in downloading)
     assert r.json()["model"] == TINY_REPO  # the hub id is the served name, as in vLLM
-    assert counter(srv.metrics()) == size
+    text = srv.metrics()
+    assert counter(text) == size
+    assert 'preheat_phase{phase="downloading"} 0.0' in text  # a phase of the gauge, over now
     out = httpx.post(srv.url + "/v1/completions", json={"model": TINY_REPO, "prompt": "hi", "max_tokens": 2},
                      timeout=60)
     assert out.status_code == 200
