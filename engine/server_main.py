@@ -46,9 +46,12 @@ async def serve(config: EngineConfig, warm: WarmStart | None = None) -> int:
     aengine = AsyncEngine(metrics)
     aengine.on_shutdown.extend(warm.shutdown_callbacks())
     lifecycle = Lifecycle(config, aengine, warm.steps())
+    from preheat.engine.model.uri import parse_model, served_name
+
     app = create_app(
         aengine,
-        config.served_model_name,
+        # A hub or S3 model has its name before it is downloaded: /ready says it meanwhile.
+        config.served_model_name or served_name(parse_model(config.model)),
         api_key=config.api_key,
         max_body_bytes=config.max_request_body_bytes,
         snapshotter=warm.snapshotter,

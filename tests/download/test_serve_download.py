@@ -35,6 +35,7 @@ def test_download_phase_then_ready_then_cached(hub, tmp_path):
     downloading = [b for b in seen if b.get("phase") == "downloading"]
     # bytes_total is 0 until the hub has listed the files, then their sum.
     assert downloading and {b["bytes_total"] for b in downloading} <= {0, size}
+    assert {b["model"] for b in downloading} == {TINY_REPO}
     assert any(0 < b["bytes_done"] for b in downloading)
     assert [b["bytes_done"] for b in downloading] == sorted(b["bytes_done"] for b in downloading)
     assert r.json()["model"] == TINY_REPO  # the hub id is the served name, as in vLLM
