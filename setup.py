@@ -33,7 +33,7 @@ def discover(package_dirs: dict[str, str]) -> list[str]:
     found: set[str] = set(package_dirs)
     for package, folder in package_dirs.items():
         root = os.path.join(here, folder)
-        for dirpath, dirnames, filenames in os.walk(root):
+        for dirpath, dirnames, _files in os.walk(root):
             dirnames[:] = sorted(d for d in dirnames if d != "__pycache__" and not d.startswith("."))
             if dirpath != root:
                 rel = os.path.relpath(dirpath, root).replace(os.sep, ".")
