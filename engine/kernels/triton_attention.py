@@ -25,10 +25,9 @@ Why this shape:
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from preheat.engine.kernels.kv_fp8 import is_fp8
+from preheat.engine.kernels.triton_import import tl, triton
 
 BLOCK_N = 32  # tokens per inner step
 MIN_DOT = 16  # tl.dot needs every dimension >= 16

@@ -17,10 +17,9 @@ CPU with TRITON_INTERPRET=1 set before the import.
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from preheat.engine.kernels.kv_fp8 import FP8_MAX, is_fp8
+from preheat.engine.kernels.triton_import import tl, triton
 
 
 @triton.jit

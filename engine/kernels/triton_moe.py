@@ -26,10 +26,9 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-import triton
-import triton.language as tl
 
 from preheat.engine.kernels.moe_align import BlockLayout, align_to_blocks
+from preheat.engine.kernels.triton_import import tl, triton
 
 
 @triton.jit
