@@ -121,6 +121,14 @@ def main(argv: list[str]) -> int:
     from preheat.engine.model.preflight import check_supported
     from preheat.engine.warmup_templates import TemplateError
 
+    if not config.model:  # the embedded default: say now if its package is missing
+        from preheat.engine.model.loader import default_model_path
+
+        try:
+            default_model_path()
+        except FileNotFoundError as e:
+            print(f"preheat serve: error: {e}", file=sys.stderr)
+            return 2
     try:
         check_supported(config.model)  # config.json or the GGUF header only: milliseconds
     except UnsupportedModelError as e:  # say so now, not after the server is up

