@@ -82,15 +82,17 @@ class Server:
 
 def start(
     tmp: Path, flags: list[str], *, name: str = "server", env: dict[str, str] | None = None,
-    api_key: str | None = None,
+    api_key: str | None = None, command: list[str] | None = None, cwd: Path | None = None,
 ) -> Server:
-    """Starts `python -m preheat serve --host 127.0.0.1 --port <free> <flags>`; does not wait."""
+    """Starts `python -m preheat serve --host 127.0.0.1 --port <free> <flags>`; does not wait.
+    command replaces `python -m preheat` (e.g. an installed `preheat` script)."""
     port = free_port()
     log_path = tmp / f"{name}-{port}.log"
     clean = {k: v for k, v in os.environ.items() if not k.startswith("PREHEAT_")}
     clean.update(env or {})
     proc = subprocess.Popen(
-        [sys.executable, "-m", "preheat", "serve", "--host", "127.0.0.1", "--port", str(port), *flags],
-        stdout=log_path.open("w"), stderr=subprocess.STDOUT, env=clean,
+        [*(command or [sys.executable, "-m", "preheat"]), "serve", "--host", "127.0.0.1",
+         "--port", str(port), *flags],
+        stdout=log_path.open("w"), stderr=subprocess.STDOUT, env=clean, cwd=cwd,
     )
     return Server(proc, f"http://127.0.0.1:{port}", log_path, api_key=api_key)

@@ -1,0 +1,102 @@
+"""Build the checkout's wheel and install it, non-editable, into a fresh virtual environment.
+
+A test part: the environment is what a user gets from `pip install preheat-*.whl` on a CPU
+machine, except that the dependencies are not downloaded again — a `.pth` file puts the
+suite's own site-packages (torch, transformers, ...) after the environment's own, the way
+/work/wt/mk.sh builds a worktree's venv. A `.pth` file's directories are added to sys.path
+without running the `.pth` files inside them, so the checkout's editable install (a
+meta-path finder started by such a file) cannot leak in; the tests assert it did not.
+
+A `sitecustomize.py` in the environment hides modules by putting None into sys.modules,
+which makes `import X` raise ImportError and `importlib.util.find_spec(X)` return None,
+exactly as if X were not installed: always `triton` (the `gpu` extra is not installed),
+and whatever `HIDE_MODULES_ENV` names (the embedded model's package, to test that error).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+HIDE_MODULES_ENV = "PREHEAT_TEST_HIDE_MODULES"
+ALWAYS_HIDDEN = ("triton",)
+
+SITECUSTOMIZE = f'''"""Test part (tests/packaging/wheel_venv.py): modules this environment must not see."""
+import os
+import sys
+
+for _name in {ALWAYS_HIDDEN!r} + tuple(filter(None, os.environ.get({HIDE_MODULES_ENV!r}, "").split(","))):
+    sys.modules[_name] = None
+'''
+
+
+@dataclass(frozen=True)
+class WheelVenv:
+    wheel: Path
+    prefix: Path  # the environment's root
+    site_packages: Path
+    workdir: Path  # an empty folder outside the checkout: every command runs there
+
+    @property
+    def python(self) -> Path:
+        return self.prefix / "bin" / "python"
+
+    @property
+    def preheat(self) -> Path:
+        return self.prefix / "bin" / "preheat"
+
+    def env(self, hide: tuple[str, ...] = ()) -> dict[str, str]:
+        """This shell's environment minus what could point back at the checkout or change
+        the engine's settings (PYTHONPATH, PREHEAT_*)."""
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith("PREHEAT_") and k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+        env[HIDE_MODULES_ENV] = ",".join(hide)
+        return env
+
+    def run(self, *args: str | Path, hide: tuple[str, ...] = (), timeout: float = 300,
+            check: bool = True) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(a) for a in args], cwd=self.workdir, env=self.env(hide),
+                              capture_output=True, text=True, timeout=timeout, check=check)
+
+    def record(self) -> list[str]:
+        """The installed files of the distribution, as its RECORD lists them."""
+        (dist_info,) = self.site_packages.glob("preheat-*.dist-info")
+        return [line.split(",", 1)[0] for line in (dist_info / "RECORD").read_text().splitlines() if line]
+
+
+def build_wheel(out: Path) -> Path:
+    """`pip wheel --no-deps --no-build-isolation` of the checkout (its build backend is
+    the suite's setuptools: no download)."""
+    out.mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                    "-w", str(out), str(ROOT)], cwd=out, check=True, timeout=600,
+                   capture_output=True, text=True)
+    (wheel,) = out.glob("preheat-*.whl")
+    return wheel
+
+
+def suite_site_packages() -> list[str]:
+    """Every site-packages directory the suite imports from (a worktree's venv reuses the
+    main venv's through a .pth of its own)."""
+    return [p for p in sys.path if p.endswith("site-packages") and os.path.isdir(p)]
+
+
+def make_venv(root: Path, wheel: Path) -> WheelVenv:
+    prefix = root / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(prefix)], check=True, timeout=120)
+    python = prefix / "bin" / "python"
+    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             check=True, capture_output=True, text=True).stdout.strip()
+    site = Path(purelib)
+    (site / "_suite_packages.pth").write_text("\n".join(suite_site_packages()) + "\n")
+    (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    workdir = root / "outside"
+    workdir.mkdir()
+    venv = WheelVenv(wheel=wheel, prefix=prefix, site_packages=site, workdir=workdir)
+    # The suite's pip (found through the .pth) installs into this environment: sys.prefix.
+    venv.run(python, "-m", "pip", "install", "-q", "--no-deps", "--no-index", wheel, timeout=300)
+    return venv
