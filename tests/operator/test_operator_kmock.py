@@ -11,6 +11,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
+import yaml
+from kmock_apiserver import CRD_PATH
 
 from preheat.operator.kube import STRATEGIC, Kube
 from preheat.operator.resources import (
@@ -191,8 +193,13 @@ async def test_bad_specs_are_reported_as_degraded_not_crashes(cluster: Kube):
     kube = cluster
     await kube.create(INFERENCE_SERVICES, NS, sample(
         "nocm", warmupTemplates={"configMap": "missing"}))
-    # Two model sources: the CRD's CEL rule refuses this on a real server; the operator
-    # must still cope if it gets through (e.g. an older CRD).
+    # Two model sources: the CRD's CEL rule refuses this (the emulator admits like the API
+    # server); the operator must still cope if it gets through, e.g. on a cluster whose CRD
+    # is older. So install such a CRD first, through the API as kubectl would.
+    older = yaml.safe_load(CRD_PATH.read_text())
+    older["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["model"] \
+        .pop("x-kubernetes-validations")
+    await kube._call("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", body=older)
     bad = sample("twosrc")
     bad["spec"]["model"] = {"path": "/a", "uri": "hf://b"}
     await kube.create(INFERENCE_SERVICES, NS, bad)
