@@ -181,3 +181,40 @@ async def local_cluster(root: Path, resync_seconds: float = 2.0,
                                    api=api, services=services, scheduler=scheduler)
             finally:
                 await kube.close()
+
+
+async def serve_until_stopped(root: Path) -> None:
+    """The local cluster until Ctrl-C or SIGTERM, with the KUBECONFIG for kubectl and helm
+    printed first (`python -m e2e.local_cluster`, see docs/e2e.md)."""
+    import asyncio
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with local_cluster(root):
+        print(f"export KUBECONFIG={root / 'kubeconfig'}", flush=True)
+        print(f"# Local Preheat cluster (API emulator, operator, local kubelet; namespace {NAMESPACE}).\n"
+              f"# Logs under {root}. Ctrl-C stops it and every engine it started.", file=sys.stderr, flush=True)
+        await stop.wait()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import argparse
+    import asyncio
+    import tempfile
+
+    parser = argparse.ArgumentParser(
+        prog="python -m e2e.local_cluster",
+        description="Run the local cluster (API emulator + operator + local kubelet) until Ctrl-C and "
+                    "print the KUBECONFIG that kubectl and helm use to drive it.")
+    parser.add_argument("--dir", type=Path, default=None,
+                        help="where the kubeconfig, pod directories and logs go (default: a new temporary one)")
+    args = parser.parse_args(argv)
+    root = args.dir or Path(tempfile.mkdtemp(prefix="preheat-local-cluster-"))
+    asyncio.run(serve_until_stopped(root.resolve()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
