@@ -93,6 +93,10 @@ def test_apply_an_example_gets_the_crd_defaults_and_the_printer_columns(k: Clien
     assert row.split()[:2] == ["smollm2", str(crd_default("spec", "replicas"))]
     assert k.kubectl("apply", "-f", str(EXAMPLE)).stdout.strip() == \
         "inferenceservice.serving.preheat.dev/smollm2 unchanged"
+    # kubectl explain reads the OpenAPI v3 document of the group-version (the CRD's schema).
+    explained = k.kubectl("explain", "pis.spec.replicas").stdout
+    assert "FIELD: replicas <integer>" in explained and "Serving pods" in explained
+    assert "FIELD: replicas <integer>" in k.kubectl("explain", "deployment.spec.replicas").stdout
 
 
 def test_scale_goes_through_the_scale_subresource(k: Clients) -> None:

@@ -282,8 +282,10 @@ def validate(obj: dict[str, Any], schema: dict[str, Any]) -> list[FieldError]:
     body["metadata"] = {k: obj.get("metadata", {}).get(k) for k in ("name", "namespace", "generateName")
                         if obj.get("metadata", {}).get(k) is not None}
     checked = {**schema, "properties": {**(schema.get("properties") or {}), "metadata": {"type": "object"}}}
-    errors = [_field_error(e) for e in sorted(_Validator(_nullable(checked)).iter_errors(body),
-                                               key=lambda e: list(map(str, e.absolute_path)))]
+    # An int-or-string node's anyOf [integer, string] is its own check's job: one error, not two.
+    found = [e for e in _Validator(_nullable(checked)).iter_errors(body)
+             if not (e.validator == "anyOf" and e.schema.get("x-kubernetes-int-or-string"))]
+    errors = [_field_error(e) for e in sorted(found, key=lambda e: list(map(str, e.absolute_path)))]
     if not errors:
         errors = list(_cel_errors(body, schema, ()))
     return errors
@@ -311,7 +313,7 @@ class CustomResourceType:
         """The object to store, or a Refusal. patch: the request's patch body, for the
         wording of a refused patch."""
         body = copy.deepcopy(body)
-        unknown = prune(body, self.schema)
+        unknown = sorted(prune(body, self.schema))  # the server lists them sorted
         mode = (field_validation or "Warn").capitalize()
         if unknown and mode == "Strict":
             listed = ", ".join(f"unknown field {json.dumps(u)}" for u in unknown)
