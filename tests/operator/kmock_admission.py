@@ -25,6 +25,7 @@ validation ratcheting, CEL's oldSelf (transition rules), CEL cost limits, `forma
 from __future__ import annotations
 
 import copy
+import functools
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -251,16 +252,28 @@ def _field_error(e: jsonschema.ValidationError) -> FieldError:
 # --- 3b: CEL rules -------------------------------------------------------------------------
 
 _cel = celpy.Environment()
-_programs: dict[str, Any] = {}
+
+
+@functools.lru_cache(maxsize=256)
+def _program(text: str) -> Any:
+    return _cel.program(_cel.compile(text))
+
+
+@functools.lru_cache(maxsize=4096)
+def _holds(text: str, value_json: str) -> bool:
+    """A rule's verdict on a value. Pure, so remembered: celpy takes milliseconds a rule, and
+    most writes (status updates) leave the spec's values as they were."""
+    try:
+        result = _program(text).evaluate({"self": celpy.json_to_cel(json.loads(value_json))})
+    except celpy.CELEvalError:
+        return False
+    return not isinstance(result, celpy.CELEvalError) and bool(result)
 
 
 def _cel_errors(obj: Any, schema: dict[str, Any], parts: tuple[Any, ...]) -> Iterator[FieldError]:
     for rule in schema.get("x-kubernetes-validations") or []:
         text = rule["rule"]
-        if text not in _programs:
-            _programs[text] = _cel.program(_cel.compile(text))
-        result = _programs[text].evaluate({"self": celpy.json_to_cel(obj)})
-        if isinstance(result, celpy.CELEvalError) or not bool(result):
+        if not _holds(text, json.dumps(obj, sort_keys=True)):
             path = field_path((*parts, *(rule.get("fieldPath", "").strip(".").split(".") if rule.get("fieldPath")
                                          else ())))
             message = rule.get("message") or f"failed rule: {text}"
@@ -275,15 +288,26 @@ def _cel_errors(obj: Any, schema: dict[str, Any], parts: tuple[Any, ...]) -> Ite
             yield from _cel_errors(item, schema["items"], (*parts, i))
 
 
+_validators: dict[int, tuple[dict[str, Any], Any]] = {}
+
+
+def _validator_for(schema: dict[str, Any]) -> Any:
+    """One validator per schema (building one costs more than validating with it)."""
+    cached = _validators.get(id(schema))
+    if cached is None or cached[0] is not schema:
+        checked = {**schema, "properties": {**(schema.get("properties") or {}), "metadata": {"type": "object"}}}
+        cached = _validators[id(schema)] = (schema, _Validator(_nullable(checked)))
+    return cached[1]
+
+
 def validate(obj: dict[str, Any], schema: dict[str, Any]) -> list[FieldError]:
     """Every field error of a pruned, defaulted object: the schema's, then (on a schema-valid
     object, so rules see the types they were written for) the CEL rules'."""
     body = {k: v for k, v in obj.items() if k != "metadata"}
     body["metadata"] = {k: obj.get("metadata", {}).get(k) for k in ("name", "namespace", "generateName")
                         if obj.get("metadata", {}).get(k) is not None}
-    checked = {**schema, "properties": {**(schema.get("properties") or {}), "metadata": {"type": "object"}}}
     # An int-or-string node's anyOf [integer, string] is its own check's job: one error, not two.
-    found = [e for e in _Validator(_nullable(checked)).iter_errors(body)
+    found = [e for e in _validator_for(schema).iter_errors(body)
              if not (e.validator == "anyOf" and e.schema.get("x-kubernetes-int-or-string"))]
     errors = [_field_error(e) for e in sorted(found, key=lambda e: list(map(str, e.absolute_path)))]
     if not errors:

