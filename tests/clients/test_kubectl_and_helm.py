@@ -145,6 +145,12 @@ def test_a_bad_spec_is_refused_with_the_api_servers_message(k: Clients) -> None:
     assert done.returncode == 1
     assert 'spec.model: Invalid value: "object": model: set at most one of path, pvc or uri' in done.stderr
     assert k.kubectl("get", "pis", "bad", check=False).returncode == 1  # nothing was stored
+    # On an existing object kubectl apply sends a patch: refused as the API server refuses it.
+    k.kubectl("apply", "-f", "-", stdin=service("patched"))
+    done = k.kubectl("apply", "-f", "-", stdin=service("patched", bogus=True), check=False)
+    assert done.returncode == 1
+    assert done.stderr.startswith("The request is invalid: patch: Invalid value: \"map[") and \
+        done.stderr.rstrip().endswith('strict decoding error: unknown field "spec.bogus"')
     # Without validation (fieldValidation=Ignore) the unknown field is pruned, as by the API server.
     k.kubectl("apply", "--validate=false", "-f", "-", stdin=unknown)
     assert "bogus" not in yaml.safe_load(k.kubectl("get", "pis", "bad", "-o", "yaml").stdout)["spec"]

@@ -70,6 +70,17 @@ def go_value(value: Any) -> str:
     return json.dumps(type_name(value))
 
 
+def go_format(value: Any) -> str:
+    """A decoded JSON value as Go's %v prints it (the API server quotes a refused patch so)."""
+    if isinstance(value, dict):
+        return "map[" + " ".join(f"{k}:{go_format(value[k])}" for k in sorted(value)) + "]"
+    if isinstance(value, list):
+        return "[" + " ".join(go_format(v) for v in value) + "]"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return "<nil>" if value is None else str(value)
+
+
 def type_name(value: Any) -> str:
     if isinstance(value, bool):
         return "boolean"
@@ -342,11 +353,9 @@ class CustomResourceType:
         if unknown and mode == "Strict":
             listed = ", ".join(f"unknown field {json.dumps(u)}" for u in unknown)
             if patch is not None:
-                raise Refusal(422, "Invalid",
-                              f"The request is invalid: patch: Invalid value: {json.dumps(json.dumps(patch))}: "
-                              f"strict decoding error: {listed}",
-                              {"causes": [{"reason": "FieldValueInvalid", "field": "patch",
-                                           "message": f"strict decoding error: {listed}"}]})
+                cause = f"Invalid value: {json.dumps(go_format(patch))}: strict decoding error: {listed}"
+                raise Refusal(422, "Invalid", f"The request is invalid: patch: {cause}",
+                              {"causes": [{"reason": "FieldValueInvalid", "field": "patch", "message": cause}]})
             raise Refusal(400, "BadRequest", f"{self.kind} in version {json.dumps(self.version)} cannot be "
                           f"handled as a {self.kind}: strict decoding error: {listed}")
         apply_defaults(body, self.schema)
