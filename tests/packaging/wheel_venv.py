@@ -22,6 +22,7 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import re
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -136,12 +137,27 @@ class WheelVenv:
         return [line.split(",", 1)[0] for line in (dist_info / "RECORD").read_text().splitlines() if line]
 
 
+def source_copy(dest: Path) -> Path:
+    """The checkout's files as git sees them (tracked, and new ones not ignored), nothing
+    else: setuptools builds in the source folder, and a stale build/ or egg-info left there
+    by an earlier build could put files into the wheel that the checkout no longer has."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                            cwd=ROOT, check=True, capture_output=True).stdout.decode().split("\0")
+    for rel in filter(None, listed):
+        src = ROOT / rel
+        if src.is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / rel)
+    return dest
+
+
 def build_wheel(out: Path) -> Path:
-    """`pip wheel --no-deps --no-build-isolation` of the checkout (its build backend is
-    the suite's setuptools: no download)."""
+    """`pip wheel --no-deps --no-build-isolation` of a copy of the checkout (its build
+    backend is the suite's setuptools: no download)."""
     out.mkdir(parents=True, exist_ok=True)
+    src = source_copy(out.parent / "src")
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                    "-w", str(out), str(ROOT)], cwd=out, check=True, timeout=600,
+                    "-w", str(out), str(src)], cwd=out, check=True, timeout=600,
                    capture_output=True, text=True)
     (wheel,) = out.glob("preheat-*.whl")
     return wheel
