@@ -93,6 +93,10 @@ def test_apply_an_example_gets_the_crd_defaults_and_the_printer_columns(k: Clien
     assert row.split()[:2] == ["smollm2", str(crd_default("spec", "replicas"))]
     assert k.kubectl("apply", "-f", str(EXAMPLE)).stdout.strip() == \
         "inferenceservice.serving.preheat.dev/smollm2 unchanged"
+    # Discovery (aggregated: kubectl asks for apidiscovery.k8s.io/v2 and gets it).
+    resources = {line.split()[0]: line.split()[1:] for line in k.kubectl("api-resources").stdout.splitlines()[1:]}
+    assert resources["inferenceservices"] == ["pis", "serving.preheat.dev/v1alpha1", "true", "InferenceService"]
+    assert resources["deployments"] == ["deploy", "apps/v1", "true", "Deployment"]
     # kubectl explain reads the OpenAPI v3 document of the group-version (the CRD's schema).
     explained = k.kubectl("explain", "pis.spec.replicas").stdout
     assert "FIELD: replicas <integer>" in explained and "Serving pods" in explained

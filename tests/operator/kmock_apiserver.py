@@ -44,6 +44,8 @@ import kmock_openapi as openapi
 import yaml
 from kmock._internal import apps, enums, k8s, parsing, references, rendering
 from kmock_admission import CustomResourceType, Refusal, resource_types
+from kmock_discovery import MEDIA_TYPE as AGGREGATED
+from kmock_discovery import group_list, wants_aggregated
 from kmock_printing import table, wants_table
 from kmock_protobuf import MEDIA_TYPE as PROTOBUF
 from kmock_protobuf import UnsupportedProtobuf, decode
@@ -361,6 +363,10 @@ class KubeAPIServer(kmock.KubernetesEmulator):
     async def _handle(self, request: rendering.Request) -> Any:
         if request.url.path.startswith("/openapi/"):
             return self._serve_openapi(request)
+        if request.url.path in ("/api", "/apis") and wants_aggregated(request.headers.get("Accept")):
+            listing = group_list([(r, self.resources[r]) for r in list(self.resources)],
+                                 core=request.url.path == "/api")
+            return aiohttp.web.json_response(listing, content_type=None, headers={"Content-Type": AGGREGATED})
         if request.action == enums.action.WATCH and request.resource is not None:
             return await self._stream_watch(request)
         try:
