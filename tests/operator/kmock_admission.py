@@ -271,7 +271,7 @@ def _program(text: str) -> Any:
 
 
 @functools.lru_cache(maxsize=4096)
-def _holds(text: str, value_json: str) -> bool:
+def rule_holds(text: str, value_json: str) -> bool:
     """A rule's verdict on a value. Pure, so remembered: celpy takes milliseconds a rule, and
     most writes (status updates) leave the spec's values as they were."""
     try:
@@ -284,7 +284,7 @@ def _holds(text: str, value_json: str) -> bool:
 def _cel_errors(obj: Any, schema: dict[str, Any], parts: tuple[Any, ...]) -> Iterator[FieldError]:
     for rule in schema.get("x-kubernetes-validations") or []:
         text = rule["rule"]
-        if not _holds(text, json.dumps(obj, sort_keys=True)):
+        if not rule_holds(text, json.dumps(obj, sort_keys=True)):
             path = field_path((*parts, *(rule.get("fieldPath", "").strip(".").split(".") if rule.get("fieldPath")
                                          else ())))
             message = rule.get("message") or f"failed rule: {text}"
