@@ -134,6 +134,18 @@ def test_wait_for_ready_and_status_subresource_semantics(k: Clients) -> None:
     assert row[:4] == ["waited", "1", "1", "Ready"]
 
 
+def test_field_selectors(k: Clients) -> None:
+    k.kubectl("apply", "-f", "-", stdin=service("selected"))
+    assert k.kubectl("get", "pis", "--field-selector=metadata.name=selected", "-o", "name").stdout.split() == \
+        ["inferenceservice.serving.preheat.dev/selected"]
+    refused = k.kubectl("get", "pis", "--field-selector=spec.replicas=1", check=False)
+    assert refused.returncode == 1 and "field label not supported: spec.replicas" in refused.stderr
+    k.kubectl("run", "probe", "--image=registry.example/x:1", "--restart=Never")
+    assert k.kubectl("get", "pods", "--field-selector=status.phase=Pending", "-o", "name").stdout.split() == \
+        ["pod/probe"]
+    assert k.kubectl("get", "pods", "--field-selector=status.phase=Running", "-o", "name").stdout == ""
+
+
 def test_a_bad_spec_is_refused_with_the_api_servers_message(k: Clients) -> None:
     done = k.kubectl("apply", "-f", "-", stdin=service("bad", replicas=-4), check=False)
     assert done.returncode == 1

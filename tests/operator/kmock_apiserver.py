@@ -185,19 +185,20 @@ def labels_match(obj: dict[str, Any], selector: str | None) -> bool:
     return True
 
 
-def fields_match(obj: dict[str, Any], selector: str | None) -> bool:
-    """Field selectors on metadata.name and metadata.namespace (=, ==, !=), what every
-    resource supports (kubectl wait and kubectl get NAME -w use metadata.name)."""
-    meta = obj.get("metadata") or {}
+def fields_match(obj: dict[str, Any], selector: str | None, custom: bool = False) -> bool:
+    """Field selectors (=, ==, !=). A custom resource supports metadata.name and
+    metadata.namespace only (kubectl wait and kubectl get NAME -w use metadata.name), as on
+    the API server; a built-in kind any path of its object (the real server allows a few per
+    kind: spec.nodeName and status.phase of pods, involvedObject.* of events, ...). A missing
+    field compares as ""."""
     for term in filter(None, (t.strip() for t in (selector or "").split(","))):
         negate = "!=" in term
         key, value = term.split("!=" if negate else "=", 1)
         key, value = key.strip(), value.lstrip("=").strip()
-        if key not in ("metadata.name", "metadata.namespace"):
-            raise k8s.KubernetesError(status=400, reason="BadRequest",
-                                      message=f'"{key}" is not a known field selector: only "metadata.name", '
-                                              '"metadata.namespace"')
-        if (meta.get(key.split(".")[1]) == value) == negate:
+        if custom and key not in ("metadata.name", "metadata.namespace"):
+            raise k8s.KubernetesError(status=400, reason="BadRequest", message=f"field label not supported: {key}")
+        found = _get_path(obj, key)
+        if (str(found if found is not None else "") == value) == negate:
             return False
     return True
 
@@ -415,7 +416,9 @@ class KubeAPIServer(kmock.KubernetesEmulator):
         meta.update(uid=str(uuid.uuid4()), resourceVersion=self._next_rv(),
                     creationTimestamp=_now(), generation=1)
         if request.resource == kmock.resource("v1", "pods"):
-            body.setdefault("status", {"phase": "Pending"})
+            status = body.get("status") or {}
+            status.setdefault("phase", "Pending")  # kubectl run sends "status": {}
+            body["status"] = status
         if request.resource in self._custom and self._has_status(request.resource):
             body.pop("status", None)  # like the API server: a CR's status is written through /status only
         body = self._admit(request, body)
@@ -632,7 +635,8 @@ class KubeAPIServer(kmock.KubernetesEmulator):
                 continue
             if request.namespace is not None and namespace != request.namespace:
                 continue
-            if labels_match(obj.raw, selector) and fields_match(obj.raw, field_selector):
+            if labels_match(obj.raw, selector) and \
+                    fields_match(obj.raw, field_selector, request.resource in self._custom):
                 out.append(copy.deepcopy(obj.raw))
         return out
 
@@ -689,7 +693,8 @@ class KubeAPIServer(kmock.KubernetesEmulator):
                     continue
                 if request.name is not None and meta.get("name") != request.name:
                     continue
-                if labels_match(event["object"], selector) and fields_match(event["object"], field_selector):
+                if labels_match(event["object"], selector) and \
+                        fields_match(event["object"], field_selector, request.resource in self._custom):
                     yield event
             if missed:
                 since_rv = int(missed[-1]["object"]["metadata"]["resourceVersion"])
@@ -702,7 +707,8 @@ class KubeAPIServer(kmock.KubernetesEmulator):
                 continue
             if int(meta.get("resourceVersion") or 0) <= since_rv:
                 continue  # the client has seen it already
-            if not labels_match(obj, selector) or not fields_match(obj, field_selector):
+            if not labels_match(obj, selector) or \
+                    not fields_match(obj, field_selector, request.resource in self._custom):
                 continue
             yield event
 
