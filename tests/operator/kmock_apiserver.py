@@ -16,13 +16,13 @@ apiextensions-apiserver (kmock_admission.py: pruning or `fieldValidation=Strict`
 defaults, schema and CEL validation, the API server's Status messages), the `scale`
 subresource at the CRD's `subresources.scale` paths, CRDs created through the API
 (`kubectl apply -f crds/`, helm's crds/) served at once, server-side apply (helm 4's default:
-create-or-merge, without field ownership), `metadata.name`/`metadata.namespace` field
-selectors (`kubectl wait`).
+create-or-merge, without field ownership), PUT, field selectors (`kubectl wait`), aggregated
+discovery (kmock_discovery.py), watch-lists with their initial-events bookmark, protobuf
+bodies of Secrets and ConfigMaps (kmock_protobuf.py: helm's release storage).
 
 Not modelled: admission of built-in kinds (no validation or defaulting of pods,
-deployments, ...), other field selectors, PUT, resource quotas, SSA field ownership
-(managedFields, conflicts), the scheduler and the kubelet (tests play the kubelet by
-patching pod status).
+deployments, ...), resource quotas, RBAC, SSA field ownership (managedFields, conflicts),
+the scheduler and the kubelet (tests play the kubelet by patching pod status).
 """
 
 from __future__ import annotations
