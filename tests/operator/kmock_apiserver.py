@@ -754,7 +754,7 @@ class KubeAPIServer(kmock.KubernetesEmulator):
             for gv, resources in sorted(self._group_versions().items()):
                 paths, kinds = self._gv_paths(resources)
                 all_paths.update(paths)
-                v3[gv] = openapi.to_v3(paths, openapi.closure(kinds | {f"{openapi._DEFS}Status"}, defs))
+                v3[gv] = openapi.to_v3(paths, openapi.closure(kinds | {f"{openapi.META}Status"}, defs))
             self._openapi.update(v2=openapi.swagger(all_paths, defs), v3=v3, index={"paths": {
                 gv: {"serverRelativeURL": f"/openapi/v3/{gv}?hash={openapi.digest(doc)}"}
                 for gv, doc in v3.items()}})

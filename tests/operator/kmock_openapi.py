@@ -30,7 +30,7 @@ from typing import Any
 import kubernetes_validate
 
 SCHEMA_VERSION = "1.35.0"  # the Kubernetes release whose built-in schemas are served
-_DEFS = "io.k8s.apimachinery.pkg.apis.meta.v1."
+META = "io.k8s.apimachinery.pkg.apis.meta.v1."
 INT_OR_STRING = "io.k8s.apimachinery.pkg.util.intstr.IntOrString"
 
 
@@ -75,7 +75,7 @@ def crd_definitions(crd: dict[str, Any]) -> dict[str, dict[str, Any]]:
     for version in spec["versions"]:
         schema = copy.deepcopy((version.get("schema") or {}).get("openAPIV3Schema") or {"type": "object"})
         props = schema.setdefault("properties", {})
-        props["metadata"] = {"$ref": f"#/definitions/{_DEFS}ObjectMeta"}
+        props["metadata"] = {"$ref": f"#/definitions/{META}ObjectMeta"}
         props.setdefault("apiVersion", {"type": "string"})
         props.setdefault("kind", {"type": "string"})
         schema["x-kubernetes-group-version-kind"] = [
