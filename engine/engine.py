@@ -452,7 +452,7 @@ class Engine:
                 waiting.append(SeqView(s.request_id, s.num_tokens, 0, 0, 0))
                 continue
             tokens = s.all_token_ids
-            cached = self.kv.peek_prefix(tokens)
+            cached = self.kv.peek_prefix(tokens, s.max_cached_prefix)
             waiting.append(
                 SeqView(
                     s.request_id, s.num_tokens, 0, 0, 0, cached.length, cached.evictable_pages,
@@ -527,7 +527,8 @@ class Engine:
                 if rid in plan.admit:
                     self._requeue(seq)
                 continue
-            extend.append(BatchEntry(seq, seq.num_computed, n, seq.num_computed + n == seq.num_tokens))
+            last = seq.num_computed + n == seq.num_tokens
+            extend.append(BatchEntry(seq, seq.num_computed, n, last and not seq.params.prompt_only))
         return decode, extend
 
     def _admit(self, seq: Sequence) -> int:
@@ -567,6 +568,9 @@ class Engine:
                 self.kv.cache_progress(entry.seq)  # concurrent requests can share a prefix at once
             except Exception as exc:
                 outputs.append(self._fail(entry.seq, "caching its prefix", exc))
+                continue
+            if entry.seq.params.prompt_only and entry.seq.num_computed == entry.seq.num_tokens:
+                outputs.append(self._finish(entry.seq, "length"))  # computed and cached: done
         for r in results:
             seq = r.seq
             if seq.finished:

@@ -97,19 +97,21 @@ class RequestBuilder:
                 f"logit_bias: token id {max(params.logit_bias)} is not in the vocabulary [0, {vocab})",
             )
         n = len(token_ids)
-        if n >= self.max_model_len:
+        # A prompt-only request generates nothing: its prompt alone must fit.
+        max_tokens = 0 if params.prompt_only else params.max_tokens
+        if n > self.max_model_len or (n == self.max_model_len and not params.prompt_only):
             raise RequestRejected(
                 "context_length_exceeded", "prompt",
                 f"This model's maximum context length is {self.max_model_len} tokens; the prompt has "
                 f"{n} tokens and leaves no room to generate; shorten the prompt",
             )
-        if params.max_tokens is not None and n + params.max_tokens > self.max_model_len:
+        if max_tokens is not None and n + max_tokens > self.max_model_len:
             raise RequestRejected(
                 "context_length_exceeded", "max_tokens",
                 f"max_tokens is too large: {params.max_tokens} + {n} prompt tokens exceeds the "
                 f"context length of {self.max_model_len} tokens",
             )
-        limit = n + params.max_tokens if params.max_tokens is not None else self.max_model_len
+        limit = n + max_tokens if max_tokens is not None else self.max_model_len
         capacity = self.pool_pages * self.page_size
         if pages_for(limit, self.page_size) > self.pool_pages:
             raise RequestRejected(
@@ -117,7 +119,7 @@ class RequestBuilder:
                 f"the request needs up to {limit} tokens of KV but the pool holds {capacity}",
             )
         matcher = None
-        if params.structured is not None:
+        if params.structured is not None and not params.prompt_only:
             if self.grammar_backend is None:
                 raise RequestRejected("unsupported", None, "structured output is not available in this build")
             compiled = self.grammar_backend.compile(params.structured)  # raises RequestRejected
@@ -142,3 +144,4 @@ class RequestBuilder:
             limit,
             matcher,
         )
+

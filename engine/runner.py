@@ -20,6 +20,7 @@ import torch
 from preheat.engine.cuda_graph import CudaGraphRunner, DecodeInputs
 from preheat.engine.kv.pool import KVPool
 from preheat.engine.model.decoder import AttentionMetadata, DecoderModel
+from preheat.engine.prompt_logprobs import prompt_rows, record_prompt_logprobs
 from preheat.engine.sampling import SampleResult, sample, verify_drafts
 from preheat.engine.sequence import Sequence
 
@@ -169,6 +170,9 @@ class ModelRunner:
             hidden = self.decode_forward(input_ids, meta)
         else:
             hidden = self.model.forward(input_ids, meta, self.pool)
+            asked = prompt_rows(decode + extend)
+            if asked:
+                record_prompt_logprobs(self.model, hidden, asked)
         # Rows that end a sequence's known tokens produce a token; with a draft, all its rows.
         rows: list[int] = []
         plain: list[BatchEntry] = []

@@ -52,6 +52,15 @@ class SamplingParams:
     structured: StructuredOutput | None = None
     include_stop_str_in_output: bool = False
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit, in [-100, 100]
+    # Compute the prompt (so it is cached, and its logprobs) and generate nothing: SGLang's
+    # max_new_tokens=0. max_tokens is then not used.
+    prompt_only: bool = False
+    # Logprobs of the prompt's own tokens (SGLang's logprob_start_len, vLLM's prompt_logprobs):
+    # None: none; 0: each prompt token's; k: plus the top k at each position. They cover the
+    # prompt tokens from position prompt_logprobs_start on; the prefix cache serves at most
+    # that many tokens, so every position asked for is computed.
+    prompt_logprobs: int | None = None
+    prompt_logprobs_start: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -75,6 +84,9 @@ class SamplingParams:
             value = getattr(self, name)
             if value is not None:
                 bound.check(name, value)
+        if self.prompt_logprobs is not None:
+            SAMPLING_BOUNDS["logprobs"].check("prompt_logprobs", self.prompt_logprobs)
+            TOKEN_ID.check("prompt_logprobs_start", self.prompt_logprobs_start)
         if len(self.stop) > MAX_STOP:
             raise RequestRejected("invalid_value", "stop", f"stop: at most {MAX_STOP} sequences")
         for s in self.stop:

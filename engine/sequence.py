@@ -40,6 +40,10 @@ class RequestOutput:
     logprobs: list[TokenLogprob] | None = None
     new_logprobs: list[TokenLogprob] | None = None
     error: str | None = None  # set with finish_reason "error": what failed, for the client
+    # SamplingParams.prompt_logprobs: one entry per prompt token from prompt_logprobs_start
+    # on, None for a token nothing predicts (the first one asked for has no context in the
+    # request's terms, as SGLang answers). Complete once the prompt is computed.
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 class Sequence:
@@ -74,12 +78,26 @@ class Sequence:
         self.num_computed = 0
         self.cached_tokens: int | None = None  # prompt tokens served from cache, first admission
         self.logprobs: list[TokenLogprob] | None = [] if params.logprobs is not None else None
+        self.prompt_logprobs: list[TokenLogprob | None] | None = None
+        if params.prompt_logprobs is not None:
+            start = min(params.prompt_logprobs_start, len(prompt_token_ids))
+            self.prompt_logprobs = [None] * (len(prompt_token_ids) - start)
         self.emitted_tokens = 0
         self.emitted_logprobs = 0
 
     @property
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def max_cached_prefix(self) -> int:
+        """Most tokens the prefix cache may serve: all but the last known one (its logits give
+        the next token), and no further than the first prompt position whose logprob is
+        asked for (cached positions are not computed, so they give no logprobs)."""
+        limit = self.num_tokens - 1
+        if self.prompt_logprobs is not None:
+            limit = min(limit, self.params.prompt_logprobs_start)
+        return max(0, limit)
 
     @property
     def num_tokens(self) -> int:
@@ -106,6 +124,7 @@ class Sequence:
             logprobs=list(self.logprobs) if self.logprobs is not None else None,
             new_logprobs=[] if self.logprobs is not None else None,
             error=message,
+            prompt_logprobs=self.prompt_logprobs,
         )
 
     def take_output(self) -> RequestOutput:
@@ -129,4 +148,5 @@ class Sequence:
             cached_tokens=self.cached_tokens or 0,
             logprobs=list(self.logprobs) if self.logprobs is not None else None,
             new_logprobs=new_lps,
+            prompt_logprobs=self.prompt_logprobs,
         )

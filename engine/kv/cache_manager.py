@@ -101,12 +101,14 @@ class KVCacheManager:
             self.pool.free(extra)
 
     # --- a sequence's life ---------------------------------------------------------------
-    def peek_prefix(self, token_ids: list[int]) -> CachedPrefix:
+    def peek_prefix(self, token_ids: list[int], limit: int | None = None) -> CachedPrefix:
         """The cached prefix a waiting request would start from (for the planner); touches
-        nothing, so looking every step does not refresh LRU order."""
+        nothing, so looking every step does not refresh LRU order. `limit`: most tokens it
+        may serve (Sequence.max_cached_prefix; all but the last by default)."""
         if self.radix is None:
             return CachedPrefix(0, 0)
-        match = self.radix.match_prefix(token_ids[: len(token_ids) - 1], touch=False)
+        end = len(token_ids) - 1 if limit is None else limit
+        match = self.radix.match_prefix(token_ids[:end], touch=False)
         return CachedPrefix(match.length, self._evictable_on_path(match.node))
 
     def _evictable_on_path(self, node: RadixNode) -> int:
@@ -123,13 +125,13 @@ class KVCacheManager:
         tokens brought back from L2/L3: that many more than `peek_prefix` saw."""
         if self.radix is None:
             return 0
-        tokens = seq.all_token_ids
-        match = self.radix.match_prefix(tokens[: len(tokens) - 1])
+        tokens = seq.all_token_ids[: seq.max_cached_prefix]
+        match = self.radix.match_prefix(tokens)
         self.radix.lock(match.node)
         seq.node, seq.pages = match.node, list(match.pages)
         seq.num_shared, seq.num_computed = len(match.pages), match.length
         if self.tiers is not None:
-            self._bring_back(tokens[: len(tokens) - 1], seq)
+            self._bring_back(tokens, seq)
         self.tier_hit_tokens["l1"] += match.length
         return seq.num_computed - match.length
 
