@@ -37,7 +37,8 @@ class EngineConfig:
         ".gguf file; a hub id ORG/NAME or hf://ORG/NAME[@REVISION][/FILE.gguf] (HF_ENDPOINT, "
         "HF_TOKEN); s3://BUCKET/PREFIX (AWS_ENDPOINT_URL, the standard credential chain). "
         "Remote models are downloaded once into --download-dir. Empty = the embedded default, "
-        "SmolLM2-135M-Instruct."
+        "SmolLM2-135M-Instruct.",
+        aliases=("--model-path",),
     )
     download_dir: str | None = _opt(
         "Where hub and S3 models are downloaded (atomically, resumable, verified once, locked "
@@ -50,7 +51,8 @@ class EngineConfig:
     dtype: str = _opt("Weight and activation dtype.", "auto", choices=DTYPES)
     device: str = _opt("Device: auto, cpu or cuda[:N].", "auto")
     max_model_len: int | None = _opt(
-        "Longest prompt + completion in tokens (default: the model's context length)."
+        "Longest prompt + completion in tokens (default: the model's context length).",
+        aliases=("--context-length",),
     )
     weight_cache_dir: str | None = _opt(
         "Directory for converted weights (safetensors), keyed by source hash and dtype; "
@@ -64,6 +66,7 @@ class EngineConfig:
         "and the MLP width; KV heads are split, or replicated when fewer than the ranks.",
         1,
         min=1,
+        aliases=("--tp-size",),
     )
     quantization: str | None = _opt(
         "Weight quantization: int8 stores every matrix as int8 blocks of 32 (a GGUF model's "
@@ -93,7 +96,7 @@ class EngineConfig:
     disable_radix_cache: bool = _opt("Turn the radix prefix cache off.", False)
 
     # --- scheduler ---
-    max_num_seqs: int = _opt("Most requests running at once.", 64, min=1)
+    max_num_seqs: int = _opt("Most requests running at once.", 64, min=1, aliases=("--max-running-requests",))
     max_queue_len: int = _opt(
         "Most requests waiting to start (each choice of each prompt counts); a request that "
         "would exceed it is answered 429 with Retry-After.",
@@ -199,6 +202,7 @@ class EngineConfig:
         "How a match that reaches L2/L3 pages waits for them.",
         "best_effort",
         choices=PREFETCH_POLICIES,
+        aliases=("--hicache-storage-prefetch-policy",),
     )
     prefetch_timeout_ms: float = _opt(
         "Deadline for the 'timeout' prefetch policy.", 50.0, min=0.0
@@ -287,13 +291,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         flag = "--" + f.name.replace("_", "-")
         env = "PREHEAT_" + f.name.upper()
         help_text = f"{f.metadata.get('help', '')} [env {env}]"
+        # SGLang's names for the flags its users type first (docs/coming-from-sglang.md).
+        names = [flag, *f.metadata.get("aliases", ())]
         if kind is bool:
-            parser.add_argument(flag, action="store_true", default=None, help=help_text)
+            parser.add_argument(*names, dest=f.name, action="store_true", default=None, help=help_text)
         else:
             default = f.default
             shown = "" if default is None else f" (default: {default})"
             parser.add_argument(
-                flag, type=str, default=None, help=help_text + shown, metavar=f.name.upper()
+                *names, dest=f.name, type=str, default=None, help=help_text + shown, metavar=f.name.upper()
             )
 
 

@@ -35,6 +35,9 @@ from preheat.engine.openai_protocol import (
     now,
 )
 from preheat.engine.openai_serving import OpenAIServing
+from preheat.engine.sglang_protocol import GenerateRequest
+from preheat.engine.sglang_routes import add_sglang_routes
+from preheat.engine.sglang_serving import SGLangServing
 from preheat.engine.snapshot_peer import add_snapshot_peer_routes
 
 log = logging.getLogger(__name__)
@@ -52,7 +55,7 @@ def _body(model: type) -> dict[str, Any]:
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": ref}}}}
 
 
-_BODIES = (ChatCompletionRequest, CompletionRequest, TokenizeRequest, DetokenizeRequest)
+_BODIES = (ChatCompletionRequest, CompletionRequest, TokenizeRequest, DetokenizeRequest, GenerateRequest)
 
 
 def create_app(
@@ -191,6 +194,8 @@ def create_app(
         return JSONResponse({"path": saved.path, "tokens": saved.tokens,
                              "prefixes": saved.prefixes, "seconds": round(saved.seconds, 3)})
 
+    add_sglang_routes(app, SGLangServing(serving), check_auth, read_request, _respond, max_body_bytes,
+                      _body(GenerateRequest))
     add_snapshot_peer_routes(app, aengine, snapshotter, check_auth)
     app.add_middleware(CloseWhileDraining, aengine=aengine)
     return app
@@ -261,7 +266,7 @@ async def _respond(request: Request, work: Any) -> Response:
     finally:
         watcher.cancel()
     result = task.result()
-    if isinstance(result, dict):
+    if isinstance(result, (dict, list)):  # a list: SGLang's /generate answering a batch
         return JSONResponse(result)
     return StreamingResponse(_closing(result), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
