@@ -74,6 +74,8 @@ def add_sglang_routes(app: FastAPI, serving: SGLangServing, check_auth: Callable
             await serving.generate(GenerateRequest(input_ids=[0], sampling_params={"max_new_tokens": 1,
                                                                                     "temperature": 0}))
         except APIError as e:
+            if e.status == 429:  # the line is full: the engine is busy serving, not broken
+                return JSONResponse({"status": "busy"}, status_code=200)
             return JSONResponse({"status": "unhealthy", "error": e.message}, status_code=503)
         return Response(status_code=200)
 
