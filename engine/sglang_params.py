@@ -84,10 +84,17 @@ class GeneratePlan:
     input_field: str  # "text" or "input_ids": what a prompt refusal names
 
 
-def _neutral(value: Any, default: Any = None) -> bool:
-    return value is None or value is False or value == default or (
-        isinstance(value, (list, dict, str)) and not value
-    )
+_NO_DEFAULT = object()
+
+
+def _neutral(value: Any, default: Any = _NO_DEFAULT) -> bool:
+    """Whether a value asks for nothing: None, the field's SGLang default where it has one
+    listed, else false or empty."""
+    if value is None:
+        return True
+    if default is not _NO_DEFAULT:
+        return value == default and type(value) is type(default)
+    return value is False or (isinstance(value, (list, dict, str)) and not value)
 
 
 def _refuse(name: str, why: str | None = None) -> APIError:
@@ -99,16 +106,16 @@ def _refuse(name: str, why: str | None = None) -> APIError:
 def check_supported(req: GenerateRequest) -> None:
     """Refuses, by name, every field whose value asks for something Preheat cannot do."""
     for name, value in (req.model_extra or {}).items():
-        if not _neutral(value, _TOP_LEVEL_NEUTRAL.get(name)):
+        if not _neutral(value, _TOP_LEVEL_NEUTRAL.get(name, _NO_DEFAULT)):
             raise _refuse(name)
     params = req.sampling_params
     for i, sp in enumerate(params if isinstance(params, list) else [params] if params else []):
         where = f"sampling_params.{i}" if isinstance(params, list) else "sampling_params"
         for name, value in (sp.model_extra or {}).items():
-            if not _neutral(value, _SAMPLING_NEUTRAL.get(name)):
+            if not _neutral(value, _SAMPLING_NEUTRAL.get(name, _NO_DEFAULT)):
                 raise _refuse(f"{where}.{name}")
         for name in ("min_new_tokens", "stop_regex", "skip_special_tokens", "spaces_between_special_tokens"):
-            if not _neutral(getattr(sp, name), _SAMPLING_NEUTRAL.get(name)):
+            if not _neutral(getattr(sp, name), _SAMPLING_NEUTRAL.get(name, _NO_DEFAULT)):
                 raise _refuse(f"{where}.{name}")
         if sp.regex and sp.json_schema:
             raise APIError(400, f"{where}: give either regex or json_schema, not both",

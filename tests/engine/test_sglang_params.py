@@ -72,11 +72,18 @@ def test_defaults_logprobs_and_prompt_only():
     ({"text": "a", "return_hidden_states": True}, "return_hidden_states"),
     ({"text": "a", "sampling_params": [{"structural_tag": "{}"}]}, "sampling_params.0.structural_tag"),
     ({"text": "a", "sampling_params": {"beam_width": 4}}, "sampling_params.beam_width"),
+    ({"text": "a", "sampling_params": {"skip_special_tokens": False}}, "sampling_params.skip_special_tokens"),
+    ({"text": "a", "log_metrics": False}, "log_metrics"),
 ])
 def test_what_cannot_be_honoured_is_named(body, param):
     with pytest.raises(APIError) as e:
         plan(**body)
     assert e.value.status == 400 and e.value.param == param and param.split(".")[-1] in e.value.message
+
+
+def test_what_asks_for_nothing_passes():
+    plan(text="a", log_metrics=True, image_data=None, return_hidden_states=False, sampling_params={
+        "min_new_tokens": 0, "stop_regex": [], "skip_special_tokens": True, "beam_width": 1, "ebnf": None})
 
 
 def test_sglang_flag_names_are_aliases():
