@@ -70,7 +70,9 @@ def _param_path(loc: tuple) -> list[str]:
     out = []
     for part in loc:
         text = str(part)
-        if isinstance(part, str) and ("[" in text or "-" in text or text in _TYPE_TAGS):
+        # A union member's tag: "str", "list[...]", "function-wrap[...]", or a model's
+        # class name (CamelCase; request fields are snake_case).
+        if isinstance(part, str) and ("[" in text or "-" in text or text in _TYPE_TAGS or text[:1].isupper()):
             continue
         out.append(text)
     return out
