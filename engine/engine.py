@@ -452,7 +452,7 @@ class Engine:
                 waiting.append(SeqView(s.request_id, s.num_tokens, 0, 0, 0))
                 continue
             tokens = s.all_token_ids
-            cached = self.kv.peek_prefix(tokens, s.max_cached_prefix)
+            cached = self.kv.peek_prefix(tokens[: s.max_cached_prefix + 1])
             waiting.append(
                 SeqView(
                     s.request_id, s.num_tokens, 0, 0, 0, cached.length, cached.evictable_pages,

@@ -101,14 +101,12 @@ class KVCacheManager:
             self.pool.free(extra)
 
     # --- a sequence's life ---------------------------------------------------------------
-    def peek_prefix(self, token_ids: list[int], limit: int | None = None) -> CachedPrefix:
+    def peek_prefix(self, token_ids: list[int]) -> CachedPrefix:
         """The cached prefix a waiting request would start from (for the planner); touches
-        nothing, so looking every step does not refresh LRU order. `limit`: most tokens it
-        may serve (Sequence.max_cached_prefix; all but the last by default)."""
+        nothing, so looking every step does not refresh LRU order."""
         if self.radix is None:
             return CachedPrefix(0, 0)
-        end = len(token_ids) - 1 if limit is None else limit
-        match = self.radix.match_prefix(token_ids[:end], touch=False)
+        match = self.radix.match_prefix(token_ids[: len(token_ids) - 1], touch=False)
         return CachedPrefix(match.length, self._evictable_on_path(match.node))
 
     def _evictable_on_path(self, node: RadixNode) -> int:
