@@ -3,15 +3,19 @@
 Layout of the snapshot root (format in docs/snapshots.md):
 
     <root>/snap-<created_ns:020d>-<writer>-<rand>/manifest.json
+    <root>/snap-.../manifest.hmac                 HMAC of manifest.json under the peer secret
     <root>/snap-.../kv-00000.safetensors          KV of one or more prefixes
     <root>/.tmp-<writer>-<rand>/                  a snapshot being written (never read)
     <root>/.trash-<rand>/                         an old snapshot being deleted (never read)
 
 A snapshot is untrusted input: the volume is shared, pods crash mid-write, disks flip bits,
 and a model upgrade leaves old snapshots behind. So it is never unpickled (JSON + safetensors
-only), every byte that is used is checked against the manifest and its sha256, and every
-problem becomes a `Rejection` with a machine-readable reason — never an exception — so the
-engine warms cold and still turns ready.
+only), every byte that is used is checked against the manifest and its sha256, the
+manifest itself against its HMAC when the service has a peer secret (so only the
+service's own engines can write what another restores), every file is opened through
+kv/safe_read (regular files only, bounded reads), and every problem becomes a `Rejection`
+with a machine-readable reason — never an exception — so the engine warms cold and still
+turns ready.
 """
 
 from __future__ import annotations
@@ -23,7 +27,6 @@ import os
 import re
 import secrets
 import shutil
-import stat
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -36,14 +39,26 @@ from safetensors.torch import save_file
 
 from preheat.engine.dtypes import KV_DTYPES, SAFETENSORS_CODES, dtype_name
 from preheat.engine.kv.checksum import tensor_sha256
+from preheat.engine.kv.safe_read import TooLarge, UnsafeEntry, fd_path, open_dir, open_regular, read_regular
+from preheat.engine.peer_secret import PeerKeys
 
 log = logging.getLogger(__name__)
 
 FORMAT = "preheat-kv-snapshot"
 FORMAT_VERSION = 2  # 2: a prefix may store only the KV after an earlier prefix (kv_start)
 MANIFEST = "manifest.json"
+SIGNATURE = "manifest.hmac"  # {"alg": "hmac-sha256", "mac": hex} over manifest.json's bytes
 DEFAULT_KEEP = 3
 MAX_MANIFEST_BYTES = 64 * 1024 * 1024
+MAX_SIGNATURE_BYTES = 1024
+# A name dated later than now + this is ignored (a writer's clock may run a little ahead):
+# it would otherwise stay "the newest" and be tried first forever.
+FUTURE_SKEW_SECONDS = 300.0
+# Snapshots one restore reads at most before warming cold: each refused one costs a read.
+MAX_RESTORE_CANDIDATES = 4
+# A model fingerprint no pod has saved for this long is dropped whole by pruning (a
+# rollout to new weights leaves the old model's snapshots behind otherwise, forever).
+STALE_FINGERPRINT_SECONDS = 7 * 86400.0
 DEFAULT_MAX_FILE_BYTES = 256 * 1024 * 1024  # few files (few fsyncs on NFS), none huge
 STALE_TEMP_SECONDS = 3600.0  # a temp dir this old belongs to a writer that died
 # How long a restore may take to read the snapshot it chose. A snapshot superseded less than
@@ -65,6 +80,10 @@ REJECT_REASONS = (
     "unreadable",           # safetensors refuses the file (corrupt header)
     "checksum_mismatch",    # the tensor bytes do not hash to the manifest's sha256
     "io_error",             # the filesystem failed while reading
+    "unsigned",             # a peer secret is set and the snapshot has no manifest.hmac
+    "bad_signature",        # manifest.hmac does not verify under any peer key
+    "future_dated",         # its name is dated after now + FUTURE_SKEW_SECONDS: ignored
+    "peer_pinned",          # pinned prefixes from another pod: restored, but not pinned
 )  # fmt: skip
 
 _SNAPSHOT_NAME = re.compile(r"^snap-(\d{20})-([A-Za-z0-9_.-]{1,64})-([0-9a-f]{8})$")
@@ -77,8 +96,9 @@ def is_snapshot_name(name: str) -> bool:
 
 
 def is_snapshot_file_name(name: str) -> bool:
-    """A file a snapshot directory may hold: the manifest or a plainly named tensor file."""
-    return name == MANIFEST or bool(_TENSOR_FILE.match(name))
+    """A file a snapshot directory may hold: the manifest, its signature or a plainly named
+    tensor file."""
+    return name in (MANIFEST, SIGNATURE) or bool(_TENSOR_FILE.match(name))
 
 
 # --------------------------------------------------------------------------- records
@@ -274,6 +294,13 @@ def _fsync_path(path: Path, directory: bool = False) -> None:
         os.close(fd)
 
 
+def _write_durably(path: Path, data: bytes) -> None:
+    with open(path, "xb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
 def _safe_writer_id(writer_id: str) -> str:
     cleaned = re.sub(r"[^A-Za-z0-9_.-]", "_", writer_id)[:64].strip(".") or "writer"
     return cleaned
@@ -304,12 +331,15 @@ def save_snapshot(
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
     sharding: Mapping[str, Any] | None = None,
     grace_seconds: float = RESTORE_GRACE_SECONDS,
+    keys: PeerKeys | None = None,
+    max_bytes: int | None = None,
 ) -> Path:
     """Writes a snapshot atomically and returns its directory; then prunes (see
     prune_snapshots: the newest `keep` per model fingerprint stay, and none a restore may
-    still be reading). Raises ValueError for records that do not match the fingerprint (a
-    caller bug) and OSError when the filesystem fails; a failed write leaves no partial
-    snapshot behind.
+    still be reading; with `max_bytes`, the oldest go until the directory fits). Raises
+    ValueError for records that do not match the fingerprint (a caller bug) and OSError when
+    the filesystem fails; a failed write leaves no partial snapshot behind. With `keys`, the
+    manifest is signed (manifest.hmac) under the current peer key.
 
     `sharding` records how the writing engine was sharded (its tensor-parallel size). It is
     informational, not part of the fingerprint: records always hold every KV head (a
@@ -340,10 +370,11 @@ def save_snapshot(
             "files": files,
             "prefixes": entries,
         }
-        with open(tmp / MANIFEST, "w", encoding="utf-8") as f:
-            json.dump(manifest, f, separators=(",", ":"))
-            f.flush()
-            os.fsync(f.fileno())
+        raw = json.dumps(manifest, separators=(",", ":")).encode("utf-8")
+        _write_durably(tmp / MANIFEST, raw)
+        if keys is not None:
+            mac = {"alg": "hmac-sha256", "mac": keys.sign_manifest(raw)}
+            _write_durably(tmp / SIGNATURE, json.dumps(mac).encode())
         _fsync_path(tmp, directory=True)
         final = root / f"snap-{created_ns:020d}-{writer}-{secrets.token_hex(4)}"
         os.rename(tmp, final)
@@ -354,7 +385,7 @@ def save_snapshot(
     tokens = sum(r.stored_tokens for r in records)
     log.info("snapshot saved: path=%s prefixes=%d tokens=%d", final, len(records), tokens)
     try:
-        prune_snapshots(root, keep=keep, grace_seconds=grace_seconds)
+        prune_snapshots(root, keep=keep, grace_seconds=grace_seconds, max_bytes=max_bytes)
     except OSError as e:  # pruning is housekeeping; the snapshot is already safe
         log.warning("snapshot pruning failed in %s: %s", root, e)
     return final
@@ -409,8 +440,25 @@ def _write_tensor_files(
 # --------------------------------------------------------------------------- pruning
 
 
-def list_snapshots(root: str | os.PathLike) -> list[Path]:
-    """Complete snapshot directories (by name), newest first. Temp and trash dirs are skipped."""
+def list_snapshots(root: str | os.PathLike, now_ns: int | None = None) -> list[Path]:
+    """Complete snapshot directories (by name), newest first. Temp and trash dirs are
+    skipped, and so are names dated after now + FUTURE_SKEW_SECONDS (future_dated lists
+    them): such a name would shadow every real snapshot."""
+    limit = _future_limit_ns(now_ns)
+    return [p for p in _all_snapshots(root) if snapshot_created_ns(p) <= limit]
+
+
+def future_dated(root: str | os.PathLike, now_ns: int | None = None) -> list[Path]:
+    """Snapshot names dated after now + FUTURE_SKEW_SECONDS: never read, pruned."""
+    limit = _future_limit_ns(now_ns)
+    return [p for p in _all_snapshots(root) if snapshot_created_ns(p) > limit]
+
+
+def _future_limit_ns(now_ns: int | None) -> int:
+    return (time.time_ns() if now_ns is None else now_ns) + int(FUTURE_SKEW_SECONDS * 1e9)
+
+
+def _all_snapshots(root: str | os.PathLike) -> list[Path]:
     root = Path(root)
     try:
         names = os.listdir(root)
@@ -428,56 +476,104 @@ def snapshot_created_ns(path: Path) -> int:
 
 def _fingerprint_key(path: Path) -> str:
     """Which model a snapshot belongs to, for pruning; every unreadable manifest shares one
-    key (they are pruned among themselves)."""
+    key (they are pruned among themselves). Read like every snapshot file (safe_read): a
+    FIFO or a link to /dev/zero is "unreadable", never a hang or a MemoryError."""
     try:
-        manifest = path / MANIFEST
-        if manifest.lstat().st_size > MAX_MANIFEST_BYTES:
-            return "?"
-        fp = json.loads(manifest.read_bytes()).get("fingerprint")
+        dfd = open_dir(path)
+        try:
+            fp = json.loads(read_regular(MANIFEST, MAX_MANIFEST_BYTES, dir_fd=dfd)).get("fingerprint")
+        finally:
+            os.close(dfd)
         return json.dumps(fp, sort_keys=True, separators=(",", ":"))
     except (OSError, ValueError, AttributeError):
         return "?"
 
 
+def _snapshot_bytes(path: Path) -> int:
+    """Bytes a snapshot takes on disk: its entries' sizes by lstat (nothing is opened)."""
+    total = 0
+    try:
+        with os.scandir(path) as entries:
+            for e in entries:
+                try:
+                    total += e.stat(follow_symlinks=False).st_size
+                except OSError:
+                    continue
+    except OSError:
+        return 0
+    return total
+
+
+@dataclass(frozen=True)
+class SnapshotInfo:
+    """What pruning knows of one snapshot: its model, its name's date, its size."""
+    key: str
+    created_ns: int
+    nbytes: int = 0
+
+
 def snapshots_to_prune(
-    snapshots: Sequence[tuple[str, int]], keep: int, grace_seconds: float, now_ns: int
-) -> list[int]:
-    """Which snapshots pruning deletes (indices), from (fingerprint key, created_ns) pairs.
+    snapshots: Sequence[SnapshotInfo | tuple[str, int]], keep: int, grace_seconds: float, now_ns: int,
+    *, max_bytes: int | None = None, stale_seconds: float = STALE_FINGERPRINT_SECONDS,
+) -> list[int]:  # fmt: skip
+    """Which snapshots pruning deletes (indices).
 
     Per fingerprint, the newest `keep` stay: pods of two models sharing a volume never
     prune each other's only snapshot. An older one goes only once the snapshot that
     superseded it (the next newer of its model) is older than `grace_seconds`: a pod that
-    chose it while it was the newest has had that long to read it."""
+    chose it while it was the newest has had that long to read it. A fingerprint whose
+    newest snapshot is older than `stale_seconds` goes whole: no pod runs that model any
+    more. Then, with `max_bytes`, the oldest of what is left go until the rest fits, except
+    the newest snapshot overall (just written: the one a restore needs most)."""
+    infos = [s if isinstance(s, SnapshotInfo) else SnapshotInfo(*s) for s in snapshots]
     by_model: dict[str, list[tuple[int, int]]] = {}
-    for i, (key, created) in enumerate(snapshots):
-        by_model.setdefault(key, []).append((created, i))
-    doomed = []
+    for i, info in enumerate(infos):
+        by_model.setdefault(info.key, []).append((info.created_ns, i))
+    doomed: set[int] = set()
     for entries in by_model.values():
         entries.sort(reverse=True)  # newest first
+        if now_ns - entries[0][0] >= stale_seconds * 1e9:
+            doomed.update(i for _, i in entries)
+            continue
         for rank in range(max(keep, 1), len(entries)):
             superseded_at = entries[rank - 1][0]
             if now_ns - superseded_at >= grace_seconds * 1e9:
-                doomed.append(entries[rank][1])
+                doomed.add(entries[rank][1])
+    if max_bytes is not None:
+        left = sorted((i for i in range(len(infos)) if i not in doomed),
+                      key=lambda i: infos[i].created_ns)  # oldest first
+        used = sum(infos[i].nbytes for i in left)
+        for i in left[:-1]:  # the newest stays whatever its size
+            if used <= max_bytes:
+                break
+            doomed.add(i)
+            used -= infos[i].nbytes
     return sorted(doomed)
 
 
 def prune_snapshots(
     root: str | os.PathLike, keep: int = DEFAULT_KEEP, *, stale_seconds: float = STALE_TEMP_SECONDS,
     grace_seconds: float = RESTORE_GRACE_SECONDS, now: float | None = None,
+    max_bytes: int | None = None, stale_fingerprint_seconds: float = STALE_FINGERPRINT_SECONDS,
 ) -> list[Path]:  # fmt: skip
     """Deletes old snapshots (snapshots_to_prune: the newest `keep` per model fingerprint
-    stay, and none a restore may still be reading) and temp dirs of writers that died;
-    returns what it removed. Safe to run from several pods at once: a snapshot is first
-    renamed to a trash name (atomic, so exactly one pruner wins and readers never list a
-    half-deleted snapshot), then removed. A temp dir younger than `stale_seconds` may be a
-    live writer's."""
+    stay, and none a restore may still be reading; models unused for
+    `stale_fingerprint_seconds` go; then the oldest until `max_bytes` fits), future-dated
+    names, and temp dirs of writers that died; returns what it removed. Safe to run from
+    several pods at once: a snapshot is first renamed to a trash name (atomic, so exactly
+    one pruner wins and readers never list a half-deleted snapshot), then removed. A temp
+    dir younger than `stale_seconds` may be a live writer's."""
     root = Path(root)
     now = time.time() if now is None else now
+    now_ns = int(now * 1e9)
     removed: list[Path] = []
-    snapshots = list_snapshots(root)
-    keyed = [(_fingerprint_key(p), snapshot_created_ns(p)) for p in snapshots]
-    for i in snapshots_to_prune(keyed, keep, grace_seconds, int(now * 1e9)):
-        old = snapshots[i]
+    snapshots = list_snapshots(root, now_ns)
+    infos = [SnapshotInfo(_fingerprint_key(p), snapshot_created_ns(p),
+                          _snapshot_bytes(p) if max_bytes is not None else 0) for p in snapshots]
+    doomed = [snapshots[i] for i in snapshots_to_prune(
+        infos, keep, grace_seconds, now_ns, max_bytes=max_bytes,
+        stale_seconds=stale_fingerprint_seconds)]
+    for old in doomed + future_dated(root, now_ns):
         trash = root / f".trash-{secrets.token_hex(6)}"
         try:
             os.rename(old, trash)
@@ -512,20 +608,33 @@ class SnapshotRefused(Exception):
 
 
 def load_latest_snapshot(
-    root: str | os.PathLike, fingerprint: Mapping[str, Any], max_tokens: int | None = None
-) -> LoadResult:
+    root: str | os.PathLike, fingerprint: Mapping[str, Any], max_tokens: int | None = None,
+    *, keys: PeerKeys | None = None, max_candidates: int = MAX_RESTORE_CANDIDATES,
+    now_ns: int | None = None,
+) -> LoadResult:  # fmt: skip
     """Restores the newest snapshot that passes every check; older ones are not read once one
-    passes. Each refused snapshot is logged and listed in `rejected`. Never raises for
-    anything found on disk: no usable snapshot means `records == []` and a cold warmup."""
+    passes, and at most `max_candidates` are read in all. With `keys` (the service's peer
+    secret), only a snapshot whose manifest.hmac verifies is read; without, every snapshot
+    in `root` is trusted as the engine's own. Names dated in the future are skipped (and
+    listed as rejected). Each refused snapshot is logged and listed in `rejected`. Never
+    raises for anything found on disk: no usable snapshot means `records == []` and a cold
+    warmup."""
     result = LoadResult()
     try:
-        candidates = list_snapshots(root)
+        candidates = list_snapshots(root, now_ns)
+        for path in future_dated(root, now_ns):
+            result.rejected.append(_refusal(path, SnapshotRefused(
+                "future_dated", f"named {snapshot_created_ns(path) / 1e9:.0f}, later than now + "
+                f"{FUTURE_SKEW_SECONDS:.0f}s: ignored")))
     except OSError as e:  # e.g. the root is a file, or the volume is gone
         result.rejected.append(_refusal(Path(root), SnapshotRefused("io_error", f"cannot list: {e}")))
         return result
-    for path in candidates:
+    if len(candidates) > max_candidates:
+        log.info("snapshot: %d candidates in %s, reading at most the newest %d",
+                 len(candidates), root, max_candidates)
+    for path in candidates[:max(1, max_candidates)]:
         try:
-            records, manifest = read_snapshot(path, fingerprint, max_tokens)
+            records, manifest = read_snapshot(path, fingerprint, max_tokens, keys=keys)
         except SnapshotRefused as refused:
             result.rejected.append(_refusal(path, refused))
             continue
@@ -542,44 +651,68 @@ def _refusal(path: Path, refused: SnapshotRefused) -> Rejection:
 
 
 def read_snapshot(
-    path: str | os.PathLike, fingerprint: Mapping[str, Any], max_tokens: int | None = None
-) -> tuple[list[PrefixRecord], dict[str, Any]]:
+    path: str | os.PathLike, fingerprint: Mapping[str, Any], max_tokens: int | None = None,
+    *, keys: PeerKeys | None = None,
+) -> tuple[list[PrefixRecord], dict[str, Any]]:  # fmt: skip
     """Reads and checks one snapshot directory: returns (records, manifest) or raises
-    SnapshotRefused. With `max_tokens`, only the chosen prefixes' tensors are read."""
+    SnapshotRefused. With `max_tokens`, only the chosen prefixes' tensors are read; with
+    `keys`, the manifest must carry a valid HMAC under one of them."""
     path = Path(path)
     try:
-        return _read_snapshot(path, json.loads(json.dumps(dict(fingerprint))), max_tokens)
+        dfd = open_dir(path)
+    except UnsafeEntry:
+        raise SnapshotRefused("unsafe_path", "snapshot entry is not a directory (a symlink?)") from None
+    except FileNotFoundError as e:
+        raise SnapshotRefused("file_missing", f"disappeared while reading: {e}") from None
+    except OSError as e:
+        raise SnapshotRefused("io_error", str(e)) from None
+    try:
+        return _read_snapshot(path, dfd, json.loads(json.dumps(dict(fingerprint))), max_tokens, keys)
     except SnapshotRefused:
         raise
+    except UnsafeEntry as e:
+        raise SnapshotRefused("unsafe_path", e.strerror or str(e)) from None
     except FileNotFoundError as e:  # deleted under us, e.g. pruned by another pod
         raise SnapshotRefused("file_missing", f"disappeared while reading: {e}") from None
     except OSError as e:
         raise SnapshotRefused("io_error", str(e)) from None
+    finally:
+        os.close(dfd)
 
 
-def _regular_file(path: Path, directory: Path, missing_reason: str) -> os.stat_result:
-    """lstat + the checks that keep a read inside the snapshot: no symlinks (they could point
-    anywhere, e.g. /dev/zero or another pod's files), no FIFOs (a read would block)."""
+def manifest_signature_problem(raw: bytes, dfd: int, keys: PeerKeys) -> SnapshotRefused | None:
+    """None when manifest.hmac (read through `dfd`) verifies `raw` under one of `keys`."""
     try:
-        st = path.lstat()
+        sig = json.loads(read_regular(SIGNATURE, MAX_SIGNATURE_BYTES, dir_fd=dfd))
     except FileNotFoundError:
-        raise SnapshotRefused(missing_reason, f"{path.name} is missing") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise SnapshotRefused("unsafe_path", f"{path.name} is not a regular file")
-    if path.resolve().parent != directory.resolve():
-        raise SnapshotRefused("unsafe_path", f"{path.name} resolves outside the snapshot")
-    return st
+        return SnapshotRefused("unsigned", f"no {SIGNATURE}: not written by this service's engines")
+    except UnsafeEntry as e:
+        return SnapshotRefused("unsafe_path", e.strerror or str(e))
+    except TooLarge:
+        return SnapshotRefused("bad_signature", f"{SIGNATURE} is larger than {MAX_SIGNATURE_BYTES} bytes")
+    except (ValueError, UnicodeDecodeError):
+        return SnapshotRefused("bad_signature", f"{SIGNATURE} is not JSON")
+    mac = sig.get("mac") if isinstance(sig, dict) else None
+    if not isinstance(sig, dict) or sig.get("alg") != "hmac-sha256" or not isinstance(mac, str):
+        return SnapshotRefused("bad_signature", f"{SIGNATURE} is not an hmac-sha256 signature")
+    if not keys.verify_manifest(raw, mac):
+        return SnapshotRefused("bad_signature", "the manifest's HMAC does not verify under any peer key")
+    return None
 
 
-def _read_manifest(path: Path) -> dict[str, Any]:
-    st = path.lstat()
-    if not stat.S_ISDIR(st.st_mode):
-        raise SnapshotRefused("unsafe_path", "snapshot entry is not a directory (a symlink?)")
-    mst = _regular_file(path / MANIFEST, path, "manifest_missing")
-    if mst.st_size > MAX_MANIFEST_BYTES:
-        raise SnapshotRefused("manifest_invalid", f"manifest is {mst.st_size} bytes")
+def _read_manifest(dfd: int, keys: PeerKeys | None) -> dict[str, Any]:
     try:
-        manifest = json.loads((path / MANIFEST).read_bytes().decode("utf-8"))
+        raw = read_regular(MANIFEST, MAX_MANIFEST_BYTES, dir_fd=dfd)
+    except FileNotFoundError:
+        raise SnapshotRefused("manifest_missing", f"{MANIFEST} is missing") from None
+    except TooLarge as e:
+        raise SnapshotRefused("manifest_invalid", e.strerror or str(e)) from None
+    if keys is not None:  # before parsing: an unsigned manifest is never parsed
+        problem = manifest_signature_problem(raw, dfd, keys)
+        if problem is not None:
+            raise problem
+    try:
+        manifest = json.loads(raw.decode("utf-8"))
     except (ValueError, UnicodeDecodeError) as e:
         raise SnapshotRefused("manifest_unparsable", str(e)[:200]) from None
     if not isinstance(manifest, dict):
@@ -645,9 +778,9 @@ def _check_entries(manifest: dict[str, Any], fp: dict[str, Any]) -> tuple[dict[s
 
 
 def _read_snapshot(
-    path: Path, fp: dict[str, Any], max_tokens: int | None
+    path: Path, dfd: int, fp: dict[str, Any], max_tokens: int | None, keys: PeerKeys | None
 ) -> tuple[list[PrefixRecord], dict[str, Any]]:
-    manifest = _read_manifest(path)
+    manifest = _read_manifest(dfd, keys)
     diff = fingerprint_difference(fp, manifest.get("fingerprint"))
     if diff:
         raise SnapshotRefused("fingerprint_mismatch", diff)
@@ -658,25 +791,33 @@ def _read_snapshot(
         by_file.setdefault(e["file"], []).append(e)
     loaded: dict[int, PrefixRecord] = {}
     for name, file_entries in by_file.items():
-        file = path / name
-        st = _regular_file(file, path, "file_missing")
-        if st.st_size < sizes[name]:
-            raise SnapshotRefused("truncated", f"{name} is {st.st_size} bytes, manifest says {sizes[name]}")
-        if st.st_size > sizes[name]:
-            raise SnapshotRefused("size_mismatch", f"{name} is {st.st_size} bytes, manifest says {sizes[name]}")
-        for e, kv in _read_tensors(file, file_entries):
-            loaded[id(e)] = PrefixRecord([int(t) for t in e["token_ids"]], kv, e["hits"], e["pinned"], e["kv_start"])
+        try:
+            fd, st = open_regular(name, dir_fd=dfd)
+        except FileNotFoundError:
+            raise SnapshotRefused("file_missing", f"{name} is missing") from None
+        try:
+            if st.st_size < sizes[name]:
+                raise SnapshotRefused("truncated", f"{name} is {st.st_size} bytes, manifest says {sizes[name]}")
+            if st.st_size > sizes[name]:
+                raise SnapshotRefused("size_mismatch", f"{name} is {st.st_size} bytes, manifest says {sizes[name]}")
+            # safetensors opens a path: the descriptor's own (/proc/self/fd), so what it
+            # maps is the regular file just checked, whatever the name points to now.
+            for e, kv in _read_tensors(fd_path(fd, path / name), name, file_entries):
+                loaded[id(e)] = PrefixRecord([int(t) for t in e["token_ids"]], kv, e["hits"], e["pinned"],
+                                             e["kv_start"])
+        finally:
+            os.close(fd)
     return [loaded[id(e)] for e in chosen], manifest
 
 
-def _read_tensors(file: Path, entries: list[dict]) -> list[tuple[dict, torch.Tensor]]:
+def _read_tensors(file: str, name: str, entries: list[dict]) -> list[tuple[dict, torch.Tensor]]:
     out = []
     try:
-        with safe_open(str(file), framework="pt") as f:
+        with safe_open(file, framework="pt") as f:
             names = set(f.keys())
             for e in entries:
                 if e["tensor"] not in names:
-                    raise SnapshotRefused("size_mismatch", f"{file.name} has no tensor {e['tensor']!r}")
+                    raise SnapshotRefused("size_mismatch", f"{name} has no tensor {e['tensor']!r}")
                 sl = f.get_slice(e["tensor"])
                 shape, dtype = list(sl.get_shape()), sl.get_dtype()
                 if shape != e["shape"] or dtype != SAFETENSORS_CODES[e["dtype"]]:
@@ -685,12 +826,12 @@ def _read_tensors(file: Path, entries: list[dict]) -> list[tuple[dict, torch.Ten
                     )
                 kv = f.get_tensor(e["tensor"])
                 if tensor_sha256(kv) != e["sha256"]:
-                    raise SnapshotRefused("checksum_mismatch", f"{file.name}:{e['tensor']} does not match its sha256")
+                    raise SnapshotRefused("checksum_mismatch", f"{name}:{e['tensor']} does not match its sha256")
                 out.append((e, kv))
     except SnapshotRefused:
         raise
     except OSError:
         raise
     except Exception as err:  # safetensors raises its own error type for a corrupt header
-        raise SnapshotRefused("unreadable", f"{file.name}: {err}"[:300]) from None
+        raise SnapshotRefused("unreadable", f"{name}: {err}"[:300]) from None
     return out
