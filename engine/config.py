@@ -143,6 +143,30 @@ class EngineConfig:
         "If set, requests must send `Authorization: Bearer <key>`. An empty value is an error "
         "(it would otherwise turn authentication off unnoticed)."
     )
+    peer_secret_file: str | None = _opt(
+        "The service's peer secret: a file (one key per line, the first current) or a Secret "
+        "volume directory (`current`, plus e.g. `previous` during a rotation). /admin/* answers "
+        "only it (never --api-key; without it /admin/* is off, 404), snapshots are signed with "
+        "it, and only snapshots that verify are restored. Unset: a standalone engine that "
+        "trusts its own --snapshot-dir."
+    )
+    trusted_hosts: str | None = _opt(
+        "Comma-separated Host names answered (e.g. `preheat.example.com,*.svc.cluster.local`); "
+        "others get 400 (DNS rebinding). Probes and /metrics are exempt. Empty = any."
+    )
+    limit_concurrency: int | None = _opt(
+        "Most requests in flight at once before 503 (probes and /metrics exempt). Default: "
+        "max-num-seqs + max-queue-len + 64, so a full queue's 429 is what load sees.",
+        None,
+        min=1,
+    )
+    http_header_timeout: float = _opt(
+        "Seconds a client may take to send a request's line and headers (slowloris).", 10.0,
+        min_excl=0.0,
+    )
+    http_body_timeout: float = _opt(
+        "Seconds a client may take to send a request's body before 408.", 30.0, min_excl=0.0
+    )
     log_level: str = _opt("Log level.", "info", choices=LOG_LEVELS)
     shutdown_timeout: float = _opt(
         "Seconds to let in-flight requests finish after SIGTERM.", 25.0, min=0.0
@@ -179,9 +203,17 @@ class EngineConfig:
         "Seconds between periodic snapshots (0 = only on demand and at shutdown).", 300.0, min=0.0
     )
     snapshot_max_tokens: int = _opt("Most tokens of KV written into one snapshot.", 65536, min=0)
+    snapshot_max_bytes: int | None = _opt(
+        "Bytes --snapshot-dir may hold: pruning deletes the oldest snapshots beyond it (the "
+        "newest always stays). Default: what its volume holds with a tenth kept free. Set it "
+        "for an emptyDir (its sizeLimit is not what statvfs sees).",
+        None,
+        min=1,
+    )
     snapshot_peer_url: str | None = _opt(
-        "Base URL of a peer engine (normally the Service: its ready serving pods) to fetch the "
-        "newest snapshot from before restoring; sent the --api-key when one is set."
+        "Base URL of a peer engine (normally the headless Service of the serving pods) to "
+        "fetch the newest snapshot from before restoring; needs --peer-secret-file (sent as "
+        "the bearer token)."
     )
     snapshot_peer_timeout: float = _opt(
         "Seconds the fetch from --snapshot-peer-url may take.", 60.0, min=0.0
@@ -214,6 +246,17 @@ class EngineConfig:
     @property
     def enable_prefix_caching(self) -> bool:
         return not self.disable_radix_cache
+
+    @property
+    def request_limit(self) -> int:
+        """--limit-concurrency, or its default: above what the scheduler queues."""
+        if self.limit_concurrency is not None:
+            return self.limit_concurrency
+        return self.max_num_seqs + self.max_queue_len + 64
+
+    @property
+    def trusted_host_list(self) -> list[str]:
+        return [h.strip() for h in (self.trusted_hosts or "").split(",") if h.strip()]
 
 
 class ConfigError(ValueError):
@@ -253,6 +296,9 @@ def validate(cfg: EngineConfig) -> None:
         parse_model(cfg.model)
     except ModelURIError as e:
         raise ConfigError(str(e)) from None
+    if cfg.peer_secret_file is not None and not cfg.peer_secret_file.strip():
+        raise ConfigError("--peer-secret-file: the path is empty; give a path, or leave the flag "
+                          "and PREHEAT_PEER_SECRET_FILE unset")
     if cfg.prompt_lookup_min > cfg.prompt_lookup_max:
         raise ConfigError("--prompt-lookup-min must not exceed --prompt-lookup-max")
     if cfg.max_total_tokens is not None and cfg.max_total_tokens < cfg.page_size:
@@ -261,7 +307,7 @@ def validate(cfg: EngineConfig) -> None:
 
 # Optional settings where an empty value is a mistake to report rather than "unset": an empty
 # API key must not switch authentication off.
-_EMPTY_IS_AN_ERROR = {"api_key"}
+_EMPTY_IS_AN_ERROR = {"api_key", "peer_secret_file"}
 
 
 def _field_type(f: dataclasses.Field) -> type:

@@ -147,7 +147,7 @@ class Metrics:
         self.snapshot_peer_fetches = Counter(
             "preheat_snapshot_peer_fetches",
             "Snapshot fetches from a peer at start-up, by result: fetched, present (already "
-            "here), none (no peer ready or nothing cached), unreachable, refused, error.",
+            "here), none (no peer ready or nothing cached), unreachable, refused, timeout, error.",
             ["result"],
             registry=r,
         )

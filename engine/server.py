@@ -12,7 +12,6 @@ probes.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -27,6 +26,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from preheat.engine.api_errors import APIError, error_body, from_validation_error
 from preheat.engine.async_engine import AsyncEngine
 from preheat.engine.connection_close import CloseWhileDraining
+from preheat.engine.http_auth import Authentication
+from preheat.engine.http_limits import RequestLimit, TrustedHosts
 from preheat.engine.openai_protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -65,7 +66,14 @@ def create_app(
     api_key: str | None = None,
     max_body_bytes: int = 4 * 1024 * 1024,
     snapshotter: Any = None,
+    peer_secret: Any = None,
+    request_limit: int | None = None,
+    trusted_hosts: list[str] | None = None,
+    body_timeout: float = 30.0,
 ) -> FastAPI:
+    """`api_key` guards the client API, `peer_secret` (engine/peer_secret.PeerSecret) the
+    /admin/* routes (engine/http_auth.py); `request_limit` and `trusted_hosts`:
+    engine/http_limits.py; `body_timeout`: seconds to receive a body before 408."""
     app = FastAPI(title="preheat", docs_url="/docs", redoc_url=None, openapi_url="/openapi.json")
     serving = OpenAIServing(aengine, model_name)
 
@@ -110,7 +118,9 @@ def create_app(
     async def health() -> JSONResponse:
         # Alive means the step loop still runs: a dead loop can only be cured by a restart.
         if aengine.error is not None:
-            return JSONResponse({"status": "dead", "error": str(aengine.error)}, status_code=503)
+            # The exception's own text may hold request data or paths: it is in the log only.
+            return JSONResponse({"status": "dead", "error": "the engine's step loop stopped "
+                                 f"({type(aengine.error).__name__}); see the log"}, status_code=503)
         return JSONResponse({"status": "ok", "phase": aengine.phase})
 
     @app.get("/ready")
@@ -128,18 +138,8 @@ def create_app(
 
     # ------------------------------------------------------------ API
 
-    def check_auth(request: Request) -> None:
-        if api_key is None:
-            return
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), api_key.encode()):
-            raise APIError(401, "Incorrect or missing API key; send `Authorization: Bearer <key>`",
-                           code="invalid_api_key")
-
     @app.get("/v1/models")
     async def models(request: Request) -> JSONResponse:
-        check_auth(request)
         card: dict[str, Any] = {"id": serving.model_name, "object": "model", "created": _STARTED,
                                 "owned_by": "preheat"}
         if aengine.engine is not None:
@@ -148,79 +148,106 @@ def create_app(
 
     @app.post("/v1/chat/completions", openapi_extra=_body(ChatCompletionRequest))
     async def chat(request: Request) -> Response:
-        check_auth(request)
-        req = await read_request(request, ChatCompletionRequest, max_body_bytes)
+        req = await read_request(request, ChatCompletionRequest, max_body_bytes, body_timeout)
         return await _respond(request, serving.chat(req))
 
     @app.post("/v1/completions", openapi_extra=_body(CompletionRequest))
     async def completions(request: Request) -> Response:
-        check_auth(request)
-        req = await read_request(request, CompletionRequest, max_body_bytes)
+        req = await read_request(request, CompletionRequest, max_body_bytes, body_timeout)
         return await _respond(request, serving.completion(req))
 
     @app.post("/tokenize", openapi_extra=_body(TokenizeRequest))
     async def tokenize(request: Request) -> JSONResponse:
-        check_auth(request)
-        req = await read_request(request, TokenizeRequest, max_body_bytes)
+        req = await read_request(request, TokenizeRequest, max_body_bytes, body_timeout)
         return JSONResponse(await serving.tokenize(req))
 
     @app.post("/detokenize", openapi_extra=_body(DetokenizeRequest))
     async def detokenize(request: Request) -> JSONResponse:
-        check_auth(request)
-        req = await read_request(request, DetokenizeRequest, max_body_bytes)
+        req = await read_request(request, DetokenizeRequest, max_body_bytes, body_timeout)
         return JSONResponse(await serving.detokenize(req))
 
     @app.post("/admin/snapshot")
     async def snapshot(request: Request) -> JSONResponse:
         """Saves a hot-prefix snapshot now (e.g. before a planned rollout). One at a time:
-        409 while a save (this route's, the periodic one or the shutdown one) runs."""
-        check_auth(request)
+        409 while a save (this route's, the periodic one or the shutdown one) runs; 429
+        within MIN_SAVE_INTERVAL_S of the last one saved on request."""
         if snapshotter is None:
             raise APIError(404, "snapshots are off: start the server with --snapshot-dir",
                            code="snapshots_disabled")
         if aengine.engine is None or aengine.error is not None:
             raise APIError(503, f"engine is not serving (phase: {aengine.phase})", code="not_ready")
-        from preheat.engine.snapshotter import SnapshotInProgress
+        from preheat.engine.snapshot_peer import MIN_SAVE_INTERVAL_S
+        from preheat.engine.snapshotter import SnapshotInProgress, SnapshotTooSoon
 
         try:
-            saved = await asyncio.to_thread(snapshotter.save, aengine, wait=False)
+            saved = await asyncio.to_thread(snapshotter.save_forced, aengine, MIN_SAVE_INTERVAL_S)
         except SnapshotInProgress:
             raise APIError(409, "a snapshot is already being saved; wait for it to finish",
                            code="snapshot_in_progress") from None
+        except SnapshotTooSoon as e:
+            raise APIError(429, str(e), code="snapshot_too_soon", retry_after=e.retry_after) from None
         except Exception as e:
             log.error("snapshot on request failed: %s: %s", type(e).__name__, e)
-            raise APIError(500, f"snapshot failed: {type(e).__name__}: {e}",
-                           code="snapshot_failed") from None
+            raise APIError(500, f"snapshot failed: {type(e).__name__}", code="snapshot_failed") from None
         return JSONResponse({"path": saved.path, "tokens": saved.tokens,
                              "prefixes": saved.prefixes, "seconds": round(saved.seconds, 3)})
 
-    add_sglang_routes(app, SGLangServing(serving), check_auth, read_request, _respond, max_body_bytes,
+    add_sglang_routes(app, SGLangServing(serving), read_request, _respond, max_body_bytes, body_timeout,
                       _body(GenerateRequest))
-    add_snapshot_peer_routes(app, aengine, snapshotter, check_auth)
+    add_snapshot_peer_routes(app, aengine, snapshotter)
     app.add_middleware(CloseWhileDraining, aengine=aengine)
+    # Added last = outermost: hosts, then the request limit, then who may call what.
+    app.add_middleware(Authentication, api_key=api_key, peer_secret=peer_secret,
+                       on_refusal=lambda status: metrics.request_errors.labels(status=str(status)).inc())
+    if request_limit is not None:
+        app.add_middleware(RequestLimit, limit=request_limit)
+    if trusted_hosts:
+        app.add_middleware(TrustedHosts, hosts=trusted_hosts)
     return app
 
 
-async def read_request(request: Request, model: type, limit: int) -> Any:
+async def read_request(request: Request, model: type, limit: int, timeout: float = 30.0) -> Any:
     """The body validated as `model`; a large body is parsed and validated off the loop."""
-    body = await read_body(request, limit)
+    body = await read_body(request, limit, timeout)
     if len(body) <= PARSE_INLINE_BYTES:
         return _validate(model, parse_json(body))
     return await asyncio.to_thread(lambda: _validate(model, parse_json(body)))
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The raw body, refusing one larger than `limit` before reading it all."""
+def check_json_content_type(request: Request) -> None:
+    """415 unless the body is declared `application/json` (parameters such as charset
+    allowed). A browser can send a form or text/plain to any address without asking
+    (CSRF, DNS rebinding); application/json needs a CORS preflight, which this server never
+    grants. The OpenAI SDKs and SGLang's frontend send application/json."""
+    declared = request.headers.get("content-type", "")
+    if declared.split(";", 1)[0].strip().lower() != "application/json":
+        raise APIError(415, f"request body must be sent as Content-Type: application/json, "
+                       f"not {declared or 'none'!r}", code="unsupported_media_type")
+
+
+async def read_body(request: Request, limit: int, timeout: float = 30.0) -> bytes:
+    """The raw JSON body, refusing another content type (415), one larger than `limit`
+    before reading it all (413), and one that takes longer than `timeout` seconds to
+    arrive (408: a client trickling its body holds a connection and a request slot)."""
+    check_json_content_type(request)
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise APIError(413, f"request body of {declared} bytes exceeds the limit of {limit} bytes",
                        code="body_too_large")
     body = bytearray()
-    async for chunk in request.stream():  # also bounds chunked bodies without a length
-        body += chunk
-        if len(body) > limit:
-            raise APIError(413, f"request body exceeds the limit of {limit} bytes",
-                           code="body_too_large")
+
+    async def collect() -> None:
+        async for chunk in request.stream():  # also bounds chunked bodies without a length
+            body.extend(chunk)
+            if len(body) > limit:
+                raise APIError(413, f"request body exceeds the limit of {limit} bytes",
+                               code="body_too_large")
+
+    try:
+        await asyncio.wait_for(collect(), timeout)
+    except asyncio.TimeoutError:
+        raise APIError(408, f"request body not received within {timeout:g}s",
+                       code="body_timeout") from None
     return bytes(body)
 
 

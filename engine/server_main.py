@@ -37,6 +37,7 @@ async def serve(config: EngineConfig, warm: WarmStart | None = None) -> int:
 
     from preheat.engine.async_engine import AsyncEngine
     from preheat.engine.draining_server import DrainingServer
+    from preheat.engine.http_limits import guarded_protocol
     from preheat.engine.lifecycle import Lifecycle
     from preheat.engine.metrics import default_metrics
     from preheat.engine.server import create_app
@@ -55,6 +56,10 @@ async def serve(config: EngineConfig, warm: WarmStart | None = None) -> int:
         api_key=config.api_key,
         max_body_bytes=config.max_request_body_bytes,
         snapshotter=warm.snapshotter,
+        peer_secret=warm.peer_secret,
+        request_limit=config.request_limit,
+        trusted_hosts=config.trusted_host_list,
+        body_timeout=config.http_body_timeout,
     )
     uv_config = uvicorn.Config(
         app,
@@ -64,6 +69,9 @@ async def serve(config: EngineConfig, warm: WarmStart | None = None) -> int:
         access_log=config.log_level == "debug",
         timeout_graceful_shutdown=5,
         lifespan="off",
+        http=guarded_protocol(config.http_header_timeout),
+        timeout_keep_alive=5,
+        h11_max_incomplete_event_size=64 * 1024,  # the request line and headers
     )
     server = DrainingServer(uv_config, lifecycle)
 
@@ -119,6 +127,7 @@ def main(argv: list[str]) -> int:
     from preheat.engine.metrics import default_metrics
     from preheat.engine.model.families import UnsupportedModelError
     from preheat.engine.model.preflight import check_supported
+    from preheat.engine.peer_secret import PeerSecretError
     from preheat.engine.warmup_templates import TemplateError
 
     if not config.model:  # the embedded default: say now if its package is missing
@@ -139,6 +148,9 @@ def main(argv: list[str]) -> int:
     except TemplateError as e:  # an operator's config error: say so now, before loading
         print(f"preheat serve: error: --warmup-templates {config.warmup_templates}: {e}",
               file=sys.stderr)
+        return 2
+    except PeerSecretError as e:
+        print(f"preheat serve: error: --peer-secret-file: {e}", file=sys.stderr)
         return 2
     try:
         return asyncio.run(serve(config, warm))

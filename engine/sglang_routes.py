@@ -26,29 +26,27 @@ log = logging.getLogger(__name__)
 _SECRET_SETTINGS = {"api_key", "peer_secret_file"}
 
 
-def add_sglang_routes(app: FastAPI, serving: SGLangServing, check_auth: Callable[[Request], None],
-                      read_request: Callable[..., Any], respond: Callable[..., Any],
-                      max_body_bytes: int, body_schema: dict[str, Any]) -> None:
+def add_sglang_routes(app: FastAPI, serving: SGLangServing, read_request: Callable[..., Any],
+                      respond: Callable[..., Any], max_body_bytes: int, body_timeout: float,
+                      body_schema: dict[str, Any]) -> None:
+    """Who may call these is decided by engine/http_auth.py's middleware, as for every route."""
     aengine = serving.aengine
 
     @app.post("/generate", openapi_extra=body_schema)
     @app.put("/generate", include_in_schema=False)
     async def generate(request: Request) -> Response:
-        check_auth(request)
-        req = await read_request(request, GenerateRequest, max_body_bytes)
+        req = await read_request(request, GenerateRequest, max_body_bytes, body_timeout)
         return await respond(request, serving.generate(req))
 
     @app.get("/get_model_info")
     @app.get("/model_info")
     async def model_info(request: Request) -> JSONResponse:
-        check_auth(request)
         engine = serving.openai._engine()
         return JSONResponse(model_info_body(engine, serving.openai.model_name))
 
     @app.get("/server_info")
     @app.get("/get_server_info")
     async def server_info(request: Request) -> JSONResponse:
-        check_auth(request)
         engine = serving.openai._engine()
         return JSONResponse(server_info_body(engine, aengine.phase))
 
@@ -56,7 +54,6 @@ def add_sglang_routes(app: FastAPI, serving: SGLangServing, check_auth: Callable
     @app.get("/flush_cache", include_in_schema=False)
     async def flush_cache(request: Request) -> Response:
         """As SGLang: refused (400) while requests run or wait, since their prefixes are in use."""
-        check_auth(request)
         engine = serving.openai._engine()
         if aengine.num_in_flight:
             return PlainTextResponse(
@@ -69,7 +66,7 @@ def add_sglang_routes(app: FastAPI, serving: SGLangServing, check_auth: Callable
     @app.get("/health_generate")
     async def health_generate() -> Response:
         """Healthy when the engine generates one token now (SGLang's deep health check;
-        like SGLang's, it needs no API key). /health stays the cheap liveness probe."""
+        like SGLang's, it needs no API key: an open route in engine/http_auth.py). /health stays the cheap liveness probe."""
         try:
             await serving.generate(GenerateRequest(input_ids=[0], sampling_params={"max_new_tokens": 1,
                                                                                     "temperature": 0}))

@@ -54,6 +54,14 @@ class SnapshotInProgress(RuntimeError):
     """Another save is running (`POST /admin/snapshot` answers 409)."""
 
 
+class SnapshotTooSoon(RuntimeError):
+    """A forced save right after another (`POST /admin/snapshot` answers 429)."""
+
+    def __init__(self, retry_after: float) -> None:
+        super().__init__(f"a snapshot was saved on request {retry_after:.0f}s too recently")
+        self.retry_after = retry_after
+
+
 @dataclass(frozen=True)
 class SavedSnapshot:
     path: str | None  # None when there was nothing to save
@@ -76,21 +84,46 @@ def restore_budget(snapshot_max_tokens: int, pool_tokens: int) -> int:
 class Snapshotter:
     def __init__(self, directory: str, max_tokens: int, interval: float, metrics: Any,
                  writer: str | None = None, *, peer_url: str | None = None,
-                 api_key: str | None = None, peer_timeout: float = 60.0,
-                 shutdown_timeout: float | None = None) -> None:
+                 peer_secret: Any = None, peer_timeout: float = 60.0,
+                 shutdown_timeout: float | None = None, max_bytes: int | None = None) -> None:
+        """`peer_secret` (engine/peer_secret.PeerSecret, or anything with `keys()`): sign
+        every save, restore only what verifies, authenticate to the peer. None: a
+        standalone engine that trusts its own directory. `max_bytes`: what the directory
+        may hold (pruning's byte budget); None: whatever the volume has free."""
         self.directory = directory
         self.max_tokens = max_tokens
         self.interval = interval
         self.metrics = metrics
         self.writer = writer or writer_id()
         self.peer_url = peer_url
-        self.api_key = api_key
+        self.peer_secret = peer_secret
         self.peer_timeout = peer_timeout
         self.shutdown_timeout = shutdown_timeout
+        self.max_bytes = max_bytes
         self.write_bytes_per_s: float | None = None  # measured by the last save
+        self._last_forced: float | None = None  # monotonic time of the last forced save
         self._lock = threading.Lock()  # one save at a time per process
         self._restored = False  # a save before restore finished would persist a cold cache
         self._timer: asyncio.Task | None = None
+
+    def keys(self) -> Any:
+        """The peer keys now (re-read as the mounted Secret changes), None without a secret."""
+        return self.peer_secret.keys() if self.peer_secret is not None else None
+
+    def byte_budget(self) -> int | None:
+        """Pruning's budget: --snapshot-max-bytes when set, else what the directory's
+        volume can hold beyond a tenth kept free (for the write in progress and whatever
+        else shares it: weights, downloads)."""
+        if self.max_bytes is not None:
+            return self.max_bytes
+        try:
+            st = os.statvfs(self.directory)
+        except OSError:
+            return None
+        from preheat.engine.kv.snapshot import _snapshot_bytes, list_snapshots
+
+        ours = sum(_snapshot_bytes(p) for p in list_snapshots(self.directory))
+        return max(0, ours + st.f_bavail * st.f_frsize - st.f_blocks * st.f_frsize // 10)
 
     # ------------------------------------------------------------ restore
 
@@ -105,14 +138,24 @@ class Snapshotter:
         try:
             pool_tokens = engine.pool.capacity_pages * engine.pool.page_size
             budget = restore_budget(self.max_tokens, pool_tokens)
-            fetched = self.fetch_from_peer(engine.fingerprint) if self.peer_url else None
-            result = load_latest_snapshot(self.directory, engine.fingerprint, budget)
+            keys = self.keys()
+            if keys is None:
+                log.info("snapshot: no --peer-secret-file: trusting every snapshot in %s as "
+                         "this engine's own (unsigned)", self.directory)
+            fetched = None
+            if self.peer_url and keys is None:
+                log.warning("snapshot: --snapshot-peer-url needs --peer-secret-file (the peer "
+                            "answers /admin/* only to it); not fetching")
+            elif self.peer_url:
+                fetched = self.fetch_from_peer(engine.fingerprint)
+            result = load_latest_snapshot(self.directory, engine.fingerprint, budget, keys=keys)
             for rejection in result.rejected:  # each one is logged by load_latest_snapshot
                 self.metrics.snapshot_rejected.labels(reason=rejection.reason).inc()
                 if fetched is not None and fetched.path is not None and \
                         rejection.path == str(fetched.path):
                     # A refused transfer must not shadow the pod's own snapshots next time.
                     shutil.rmtree(fetched.path, ignore_errors=True)
+            self._unpin_foreign(result)
             if result.records:
                 future = aengine.call_in_engine(engine.import_prefixes, result.records)
                 tokens = int(future.result(timeout=EXPORT_TIMEOUT_S))
@@ -132,6 +175,21 @@ class Snapshotter:
         self._restored = True
         return tokens
 
+    def _unpin_foreign(self, result: Any) -> None:
+        """Pinned prefixes are never evicted: only this pod's own earlier run (same writer)
+        may restore them pinned. From a peer or another pod on the volume they come in as
+        ordinary cache entries (this pod's templates pin their own), counted as
+        preheat_snapshot_rejected{reason="peer_pinned"}."""
+        if result.writer_id == self.writer:
+            return
+        pinned = [r for r in result.records if r.pinned]
+        for r in pinned:
+            r.pinned = False
+        if pinned:
+            self.metrics.snapshot_rejected.labels(reason="peer_pinned").inc()
+            log.warning("snapshot: %d pinned prefixes from writer %s restored unpinned",
+                        len(pinned), result.writer_id)
+
     def fetch_from_peer(self, fingerprint: dict) -> Any:
         """Fetches the newest snapshot from the peer URL (normally the Service: a ready
         serving pod) into our directory. Never raises."""
@@ -139,9 +197,11 @@ class Snapshotter:
 
         # The peer's snapshot may hold more than we restore; bound what we accept anyway.
         cap = 2 * self.max_tokens * kv_bytes_per_token(fingerprint) + (64 << 20)
-        fetched = fetch_latest(self.peer_url or "", self.directory, api_key=self.api_key,
+        fetched = fetch_latest(self.peer_url or "", self.directory, keys=self.keys(),
                                timeout=self.peer_timeout, max_bytes=cap)
         self.metrics.snapshot_peer_fetches.labels(result=fetched.result).inc()
+        if fetched.reason is not None:
+            self.metrics.snapshot_rejected.labels(reason=fetched.reason).inc()
         self.metrics.snapshot_peer_fetch_seconds.set(fetched.seconds)
         if fetched.result == "fetched":
             log.info("snapshot: fetched %s (%d bytes) from %s in %.2fs", fetched.path,
@@ -191,12 +251,23 @@ class Snapshotter:
             log.info("snapshot: nothing cached, nothing saved")
             return SavedSnapshot(None, 0, 0, time.monotonic() - started)
         path = save_snapshot(self.directory, engine.fingerprint, records, self.writer,
-                             sharding=getattr(engine, "sharding", None))
+                             sharding=getattr(engine, "sharding", None), keys=self.keys(),
+                             max_bytes=self.byte_budget())
         tokens = sum(r.stored_tokens for r in records)
         took = time.monotonic() - started
         self.write_bytes_per_s = tokens * kv_bytes_per_token(engine.fingerprint) / max(took, 1e-3)
         self.metrics.snapshot_saved_tokens.set(tokens)
         return SavedSnapshot(str(path), tokens, len(records), took)
+
+    def save_forced(self, aengine: Any, min_interval: float) -> SavedSnapshot:
+        """`POST /admin/snapshot`: a save now, unless one runs (SnapshotInProgress) or the
+        last forced one finished less than `min_interval` seconds ago (SnapshotTooSoon):
+        every save pauses decoding for its export."""
+        if self._last_forced is not None and time.monotonic() - self._last_forced < min_interval:
+            raise SnapshotTooSoon(min_interval - (time.monotonic() - self._last_forced))
+        saved = self.save(aengine, wait=False)
+        self._last_forced = time.monotonic()
+        return saved
 
     def save_at_shutdown(self, aengine: Any) -> None:
         """`AsyncEngine.on_shutdown` callback: runs after draining, before the step thread

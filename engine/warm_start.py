@@ -18,6 +18,7 @@ from typing import Any
 
 from preheat.engine.config import EngineConfig
 from preheat.engine.lifecycle import StartupStep
+from preheat.engine.peer_secret import PeerSecret
 from preheat.engine.snapshotter import Snapshotter
 from preheat.engine.warmup_runner import run_warmup
 from preheat.engine.warmup_templates import WarmupTemplate, build_plan, load_templates
@@ -64,6 +65,7 @@ async def warm_streaming_response() -> None:
 class WarmStart:
     templates: list[WarmupTemplate] = field(default_factory=list)
     snapshotter: Snapshotter | None = None
+    peer_secret: PeerSecret | None = None  # --peer-secret-file: /admin/* and snapshot signing
 
     async def warm(self, aengine: Any) -> None:
         """The "warming" StartupStep."""
@@ -100,8 +102,13 @@ class WarmStart:
 
 
 def build_warm_start(config: EngineConfig, metrics: Any) -> WarmStart:
-    """Raises TemplateError (one line per problem) when the template directory is invalid."""
+    """Raises TemplateError (one line per problem) when the template directory is invalid,
+    PeerSecretError when --peer-secret-file holds no usable key."""
     ws = WarmStart()
+    if config.peer_secret_file:
+        ws.peer_secret = PeerSecret(config.peer_secret_file)
+        log.info("peer secret: %d key(s) from %s; /admin/* answers only it",
+                 len(ws.peer_secret.keys().accepted), config.peer_secret_file)
     if config.warmup_templates:
         ws.templates = load_templates(config.warmup_templates)
         log.info("warmup templates: %s from %s", ", ".join(t.name for t in ws.templates) or "none",
@@ -109,7 +116,9 @@ def build_warm_start(config: EngineConfig, metrics: Any) -> WarmStart:
     if config.snapshot_dir:
         ws.snapshotter = Snapshotter(config.snapshot_dir, config.snapshot_max_tokens,
                                      config.snapshot_interval, metrics,
-                                     peer_url=config.snapshot_peer_url, api_key=config.api_key,
+                                     peer_url=config.snapshot_peer_url,
+                                     peer_secret=ws.peer_secret,
                                      peer_timeout=config.snapshot_peer_timeout,
-                                     shutdown_timeout=config.shutdown_snapshot_timeout)
+                                     shutdown_timeout=config.shutdown_snapshot_timeout,
+                                     max_bytes=config.snapshot_max_bytes)
     return ws

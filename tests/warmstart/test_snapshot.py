@@ -347,7 +347,7 @@ def test_every_refusal_reason_is_exercised_by_this_file():
     # This file, its attacker's half (signatures, hostile files) and the restore step.
     here = Path(__file__).parent
     text = "".join((here / n).read_text() for n in ("test_snapshot.py", "test_snapshot_trust.py",
-                                                     "test_snapshotter.py"))
+                                                     "test_snapshot_peer.py"))
     assert [r for r in REJECT_REASONS if f'"{r}"' not in text] == []
 
 

@@ -1,6 +1,7 @@
 """Snapshots fetched from a peer over HTTP (engine/snapshot_peer.py), on stand-ins (no
-model): the transfer round-trips, a bad transfer never lands, the peer needs the API key,
-and whatever arrives is restored only if it passes the same checks as a snapshot on disk."""
+model): the transfer round-trips, a bad transfer never lands, the peer needs the peer
+secret (not the API key), and whatever arrives is restored only if it passes the same
+checks as a snapshot on disk. Attacks on the stream itself: test_peer_stream_attacks.py."""
 
 from __future__ import annotations
 
@@ -19,8 +20,10 @@ import uvicorn
 from fastapi import FastAPI, Request
 
 from preheat.engine.api_errors import APIError
+from preheat.engine.http_auth import Authentication
 from preheat.engine.kv.snapshot import list_snapshots, load_latest_snapshot, save_snapshot
 from preheat.engine.metrics import Metrics
+from preheat.engine.peer_secret import PeerKeys
 from preheat.engine.snapshot_peer import (
     NAME_HEADER,
     BadTransfer,
@@ -40,18 +43,34 @@ from preheat.engine.snapshotter import (
 from .snapshot_helpers import fingerprint, record
 from .test_snapshotter import StandInAsyncEngine, StandInEngine
 
-KEY = "peer-key"
+KEY = "peer-key-0123456789abcdef"
+CLIENT_KEY = "client-key-0123456789"
 
 
-def saved(root: Path, *records) -> Path:
-    return save_snapshot(root, fingerprint(), list(records), "peer")
+class StaticSecret:
+    """A PeerSecret whose keys never change (engine/peer_secret.PeerSecret reads a file)."""
+
+    def __init__(self, *keys: str) -> None:
+        raw = tuple(k.encode() for k in keys)
+        self._keys = PeerKeys(raw[0], raw)
+
+    def keys(self) -> PeerKeys:
+        return self._keys
+
+
+SECRET = StaticSecret(KEY)
+
+
+def saved(root: Path, *records, secret=SECRET) -> Path:
+    keys = secret.keys() if secret is not None else None
+    return save_snapshot(root, fingerprint(), list(records), "peer", keys=keys)
 
 
 def test_a_snapshot_survives_the_tar_transfer_byte_for_byte(tmp_path):
     src = saved(tmp_path / "a", record(8, seed=1, hits=3, pinned=True), record(4, seed=2))
     into = tmp_path / "b"
     into.mkdir()
-    size = extract(tar_stream(src), into, 1 << 30, time.monotonic() + 30)
+    size = extract(tar_stream(src), into, 1 << 30)
     assert sorted(p.name for p in into.iterdir()) == sorted(p.name for p in src.iterdir())
     assert all((into / p.name).read_bytes() == p.read_bytes() for p in src.iterdir())
     assert size == sum(p.stat().st_size for p in src.iterdir())
@@ -91,18 +110,18 @@ BAD_TRANSFERS = {
 @pytest.mark.parametrize("case", BAD_TRANSFERS, ids=list(BAD_TRANSFERS))
 def test_a_transfer_that_is_not_a_snapshots_files_is_refused(tmp_path, case):
     with pytest.raises(BadTransfer):
-        extract(_tar(BAD_TRANSFERS[case]), tmp_path, 4096, time.monotonic() + 30)
+        extract(_tar(BAD_TRANSFERS[case]), tmp_path, 4096)
     assert not (tmp_path.parent / "passwd").exists()
 
 
 def test_garbage_is_refused(tmp_path):
     with pytest.raises(BadTransfer):
-        extract([b"this is not a tar archive" * 40], tmp_path, 4096, time.monotonic() + 30)
+        extract([b"this is not a tar archive" * 40], tmp_path, 4096)
 
 
 def test_a_young_snapshot_is_served_as_is_an_old_one_is_replaced_by_a_fresh_save(tmp_path):
     old = saved(tmp_path, record(8, seed=1))
-    saver = Snapshotter(str(tmp_path), 1024, 0, Metrics(), writer="peer")
+    saver = Snapshotter(str(tmp_path), 1024, 0, Metrics(), writer="peer", peer_secret=SECRET)
     ae = StandInAsyncEngine(StandInEngine([record(8, seed=5, pinned=True)]))
     assert pick_or_save(saver, ae, max_age=3600) == old
     fresh = pick_or_save(saver, ae, max_age=3600, now=lambda: time.time() + 7200)
@@ -121,22 +140,27 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def peer(directory: Path, records, api_key: str | None = KEY, ready: bool = True) -> Iterator[str]:
-    """A real HTTP server with the peer route, on stand-ins for the engine."""
+def peer(directory: Path, records, secret=SECRET, ready: bool = True,
+         api_key: str | None = CLIENT_KEY) -> Iterator[str]:
+    """A real HTTP server with the peer route behind the engine's own Authentication, on
+    stand-ins for the engine."""
     app = FastAPI()
 
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError):
         return exc.response()
 
-    def check_auth(request: Request) -> None:
-        if api_key and request.headers.get("authorization") != f"Bearer {api_key}":
-            raise APIError(401, "bad key", code="invalid_api_key")
-
-    saver = Snapshotter(str(directory), 1024, 0, Metrics(), writer="peer")
+    saver = Snapshotter(str(directory), 1024, 0, Metrics(), writer="peer", peer_secret=secret)
     aengine = StandInAsyncEngine(StandInEngine(list(records)), "ready" if ready else "warming")
     aengine.is_ready = ready
-    add_snapshot_peer_routes(app, aengine, saver, check_auth)
+    add_snapshot_peer_routes(app, aengine, saver)
+    app.add_middleware(Authentication, api_key=api_key, peer_secret=secret)
+    with serving(app) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def serving(app) -> Iterator[str]:
     port = _free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
@@ -153,32 +177,63 @@ def peer(directory: Path, records, api_key: str | None = KEY, ready: bool = True
 def test_a_new_pod_restores_what_its_peer_has_cached(tmp_path):
     hot = [record(8, seed=1, hits=9, pinned=True), record(4, seed=2, hits=1)]
     with peer(tmp_path / "peer", hot) as url:
-        restorer = Snapshotter(str(tmp_path / "new"), 1024, 0, Metrics(), peer_url=url, api_key=KEY)
+        restorer = Snapshotter(str(tmp_path / "new"), 1024, 0, Metrics(), peer_url=url,
+                               peer_secret=SECRET)
         target = StandInEngine()
         assert restorer.restore(StandInAsyncEngine(target, "restoring")) == 12
     assert [r.token_ids for r in target.imported] == [r.token_ids for r in hot]
+    # The peer pinned its first prefix; here it is an ordinary cache entry, and counted.
+    assert [r.pinned for r in target.imported] == [False, False]
+    assert restorer.metrics.snapshot_rejected.labels(reason="peer_pinned")._value.get() == 1
     assert restorer.metrics.snapshot_peer_fetches.labels(result="fetched")._value.get() == 1
     # The snapshot now lives in the new pod's own directory, under the peer's name.
     [local] = list_snapshots(tmp_path / "new")
     assert local.name == list_snapshots(tmp_path / "peer")[0].name
 
 
-def test_the_peer_wants_the_api_key(tmp_path):
+def keys(*k: str) -> PeerKeys:
+    return StaticSecret(*k).keys()
+
+
+def test_the_peer_wants_the_peer_secret_not_the_api_key(tmp_path):
     with peer(tmp_path / "peer", [record(8, seed=1)]) as url:
-        assert fetch_latest(url, tmp_path / "new", api_key="wrong").result == "error"
-        assert fetch_latest(url, tmp_path / "new").result == "error"
-        assert fetch_latest(url, tmp_path / "new", api_key=KEY).result == "fetched"
-        assert fetch_latest(url, tmp_path / "new", api_key=KEY).result == "present"
+        assert fetch_latest(url, tmp_path / "new", keys=keys("wrong-key-0123456789")).detail == \
+            "peer answered 401"
+        assert fetch_latest(url, tmp_path / "new", keys=keys(CLIENT_KEY)).detail == "peer answered 401"
+        assert fetch_latest(url, tmp_path / "new").detail == "peer answered 401"
+        assert fetch_latest(url, tmp_path / "new", keys=keys(KEY)).result == "fetched"
+        assert fetch_latest(url, tmp_path / "new", keys=keys(KEY)).result == "present"
+
+
+def test_a_rotated_peer_still_answers_the_previous_key(tmp_path):
+    with peer(tmp_path / "peer", [record(8, seed=1)], secret=StaticSecret("new-0123456789abcdef", KEY)) as url:
+        assert fetch_latest(url, tmp_path / "new", keys=keys(KEY)).result == "refused"  # signed under new
+        assert fetch_latest(url, tmp_path / "b", keys=keys(KEY, "new-0123456789abcdef")).result == "fetched"
+
+
+def test_a_pod_posing_as_a_peer_is_refused_at_the_signature(tmp_path):
+    """A pod with the service's labels that accepts any token (here: ours) but does not
+    hold our secret: what it sends is not signed under it, so nothing lands and the
+    refusal is counted."""
+    mine = "mine-0123456789abcdef"
+    impostor = StaticSecret("impostor-0123456789abc", mine)  # signs with its own, accepts ours
+    with peer(tmp_path / "peer", [record(8, seed=1, pinned=True)], secret=impostor) as url:
+        restorer = Snapshotter(str(tmp_path / "new"), 1024, 0, Metrics(), peer_url=url,
+                               peer_secret=StaticSecret(mine))
+        assert restorer.restore(StandInAsyncEngine(StandInEngine(), "restoring")) == 0
+    assert restorer.metrics.snapshot_peer_fetches.labels(result="refused")._value.get() == 1
+    assert restorer.metrics.snapshot_rejected.labels(reason="bad_signature")._value.get() == 1
+    assert list_snapshots(tmp_path / "new") == [] and list((tmp_path / "new").iterdir()) == []
 
 
 def test_no_peer_and_a_peer_with_nothing_cached_mean_warming_cold(tmp_path):
     nobody = f"http://127.0.0.1:{_free_port()}"
     assert fetch_latest(nobody, tmp_path / "a", timeout=2).result == "unreachable"
     with peer(tmp_path / "peer", []) as url:
-        fetched = fetch_latest(url, tmp_path / "a", api_key=KEY)
+        fetched = fetch_latest(url, tmp_path / "a", keys=keys(KEY))
     assert fetched.result == "none" and "404" in fetched.detail
     restorer = Snapshotter(str(tmp_path / "b"), 1024, 0, Metrics(), peer_url=nobody,
-                           peer_timeout=2)
+                           peer_timeout=2, peer_secret=SECRET)
     assert restorer.restore(StandInAsyncEngine(StandInEngine(), "restoring")) == 0
     assert restorer.metrics.snapshot_peer_fetches.labels(result="unreachable")._value.get() == 1
 
@@ -194,7 +249,8 @@ def test_a_tampered_snapshot_from_a_peer_is_refused_like_one_on_disk_and_removed
     data[-1] ^= 0xFF
     tensor.write_bytes(bytes(data))
     with peer(tmp_path / "peer", []) as url:
-        restorer = Snapshotter(str(tmp_path / "new"), 1024, 0, Metrics(), peer_url=url, api_key=KEY)
+        restorer = Snapshotter(str(tmp_path / "new"), 1024, 0, Metrics(), peer_url=url,
+                               peer_secret=SECRET)
         target = StandInEngine()
         assert restorer.restore(StandInAsyncEngine(target, "restoring")) == 4
     assert restorer.metrics.snapshot_rejected.labels(reason="checksum_mismatch")._value.get() == 1
