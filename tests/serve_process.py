@@ -33,6 +33,7 @@ class Server:
     log_path: Path
     started: float = field(default_factory=time.monotonic)
     api_key: str | None = None
+    peer_secret: str | None = None  # --peer-secret-file's key: what /admin/* asks for
     phases: list[tuple[float, int, str]] = field(default_factory=list)  # (t, status, /ready phase)
 
     def log(self) -> str:
@@ -40,6 +41,9 @@ class Server:
 
     def auth(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def peer_auth(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.peer_secret}"} if self.peer_secret else {}
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 90) -> int:
         if self.proc.poll() is None:

@@ -230,11 +230,11 @@ def test_wrong_method(http):
 
 # The operator's side of the contract (issue 13 point 5): with --api-key set (as
 # spec.engine.apiKeySecretRef does), the kubelet's probes and the operator's /metrics scrape
-# need no key, and every other route — the API, admin and the snapshot peer route — does.
+# need no key, and every other client route does. /admin/* is not a client route at all:
+# without --peer-secret-file it does not exist, whatever the key (tests/server/test_http_security.py).
 OPEN_ROUTES = ["/health", "/ready", "/metrics"]
 KEYED_ROUTES = [("GET", "/v1/models"), ("POST", CHAT), ("POST", COMPLETIONS),
-                ("POST", "/tokenize"), ("POST", "/detokenize"), ("POST", "/admin/snapshot"),
-                ("GET", "/admin/snapshot/latest")]
+                ("POST", "/tokenize"), ("POST", "/detokenize"), ("GET", "/v1/not-a-route")]
 
 
 def test_probes_and_metrics_need_no_key_the_rest_does(server):
@@ -243,3 +243,13 @@ def test_probes_and_metrics_need_no_key_the_rest_does(server):
     for method, path in KEYED_ROUTES:
         r = httpx.request(method, server.url + path, json={})
         assert_error(r, 401, code="invalid_api_key")
+
+
+def test_admin_is_off_without_a_peer_secret_whatever_the_client_key(server):
+    """The real server runs with --api-key and no --peer-secret-file: the hot-prefix
+    export (every client's recent conversations) is not there for anyone, least of all
+    for a client holding the API key."""
+    for method, path in (("POST", "/admin/snapshot"), ("GET", "/admin/snapshot/latest"),
+                         ("GET", "/admin/snapshot/latest?max_age=0")):
+        for headers in ({}, {"Authorization": f"Bearer {API_KEY}"}):
+            assert_error(httpx.request(method, server.url + path, headers=headers), 404)

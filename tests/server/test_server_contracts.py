@@ -16,7 +16,20 @@ from preheat.engine.async_engine import AsyncEngine
 from preheat.engine.metrics import Metrics
 from preheat.engine.request_limits import MAX_N, MAX_STOP, SAMPLING_BOUNDS
 from preheat.engine.server import create_app
+from preheat.engine.peer_secret import PeerKeys
+from preheat.engine.snapshot_peer import MIN_SAVE_INTERVAL_S
 from preheat.engine.snapshotter import SavedSnapshot, Snapshotter
+
+
+class StaticSecret:
+    def __init__(self, key: bytes) -> None:
+        self._keys = PeerKeys(key, (key,))
+
+    def keys(self) -> PeerKeys:
+        return self._keys
+
+
+PEER = StaticSecret(b"contracts-peer-secret-0123")
 
 
 @pytest.fixture
@@ -102,7 +115,8 @@ async def test_admin_snapshot_is_single_flight(served, tmp_path):
         return SavedSnapshot(str(tmp_path / "snap"), 16, 1, 0.1)
 
     snapshotter._save = slow_save
-    _, http = await served(snapshotter=snapshotter)
+    _, http = await served(snapshotter=snapshotter, peer_secret=PEER)
+    http.headers["Authorization"] = f"Bearer {PEER.keys().current.decode()}"
     first = asyncio.ensure_future(http.post("/admin/snapshot"))
     await asyncio.to_thread(started.wait, 30)
     second = await http.post("/admin/snapshot")
@@ -114,4 +128,9 @@ async def test_admin_snapshot_is_single_flight(served, tmp_path):
     release.clear()
     started.clear()
     release.set()
-    assert (await http.post("/admin/snapshot")).status_code == 200  # free again afterwards
+    # Free again afterwards, but not at once: a forced save right after one is a 429.
+    soon = await http.post("/admin/snapshot")
+    assert soon.status_code == 429 and soon.json()["error"]["code"] == "snapshot_too_soon"
+    assert int(soon.headers["retry-after"]) >= 1
+    snapshotter._last_forced -= MIN_SAVE_INTERVAL_S  # as if that long had passed
+    assert (await http.post("/admin/snapshot")).status_code == 200

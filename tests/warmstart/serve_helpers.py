@@ -11,6 +11,7 @@ import serve_process
 from serve_process import Server
 
 API_KEY = "warm-key"
+PEER_SECRET = "warm-peer-secret-0123456789"  # the service's: /admin/* and snapshot signatures
 MODEL = "SmolLM2-135M-Instruct"
 # float32 uses the weight cache the server tests already fill; a small pool allocates fast;
 # a small snapshot budget keeps each snapshot ~35 MB (float32 KV is 46 KB per token).
@@ -19,9 +20,18 @@ FLAGS = ["--dtype", "float32", "--max-model-len", "1024", "--max-total-tokens", 
          "--snapshot-max-tokens", "768", "--snapshot-interval", "0", "--api-key", API_KEY]
 
 
-def start(tmp: Path, *flags: str, name: str = "server", env: dict[str, str] | None = None) -> Server:
-    """Starts `python -m preheat serve` on a free port; does not wait for ready."""
-    return serve_process.start(tmp, [*FLAGS, *flags], name=name, env=env, api_key=API_KEY)
+def start(tmp: Path, *flags: str, name: str = "server", env: dict[str, str] | None = None,
+          peer: bool = True) -> Server:
+    """Starts `python -m preheat serve` on a free port; does not wait for ready. With
+    `peer`, it holds the service's peer secret (as the operator mounts it)."""
+    extra: list[str] = []
+    if peer:
+        secret = tmp / "peer-secret"
+        secret.write_text(PEER_SECRET + "\n")
+        extra = ["--peer-secret-file", str(secret)]
+    server = serve_process.start(tmp, [*FLAGS, *extra, *flags], name=name, env=env, api_key=API_KEY)
+    server.peer_secret = PEER_SECRET if peer else None
+    return server
 
 
 def metric(text: str, name: str, **labels: str) -> float | None:

@@ -3,13 +3,15 @@
 One story, shared by the tests to keep server starts few (each costs seconds on CPU):
 
 1. `first`: templates + an empty snapshot dir. /ready is 503 while it restores and warms,
-   200 only after the warmup finished; POST /admin/snapshot; SIGTERM saves a snapshot.
+   200 only after the warmup finished; /admin/* answers the peer secret only (not the
+   clients' API key, not a wrong secret, not nobody); SIGTERM saves a snapshot.
 2. Three servers start together:
    - `restarted` (writer-a) and `twin` (writer-b) on the first server's snapshot dir, with no
      templates, so only the snapshot can make the first request's system prompt a cache hit;
    - `refusing` on a dir holding one damaged copy of that snapshot per kind of damage, all
      newer than one good copy: every damage is refused (log + metric reason) and the good
-     copy is restored.
+     copy is restored. It has no peer secret (a standalone engine trusting its own dir),
+     so the damage, not the signature, is what refuses each copy.
 3. A server with an empty snapshot dir fetches the newest snapshot from `restarted` (its
    peer) over HTTP and restores its hot prefixes (pod-local snapshots, any storage).
 4. `restarted` and `twin` snapshot at once into their shared dir, then stop at once: every
@@ -85,7 +87,7 @@ class FirstRun:
     server: Server
     snapshots: Path
     ready_metrics: str
-    unauthorized_status: int
+    admin_statuses: dict[str, tuple[int, int]]  # credential -> (POST save, GET export)
     admin: dict
     exit_code: int
     log: str
@@ -101,12 +103,19 @@ def first(tmp_path_factory, template_dir) -> FirstRun:
     try:
         srv.wait_ready()
         ready_metrics = srv.metrics()
-        unauthorized = httpx.post(srv.url + "/admin/snapshot", timeout=60).status_code
-        admin = httpx.post(srv.url + "/admin/snapshot", headers=srv.auth(), timeout=120)
+        # The leak: the export holds every client's recent conversations (token ids).
+        tries = {"none": {}, "client api key": srv.auth(),
+                 "wrong peer secret": {"Authorization": "Bearer warm-peer-secret-guess"}}
+        statuses = {}
+        for who, headers in tries.items():
+            save = httpx.post(srv.url + "/admin/snapshot", headers=headers, timeout=60)
+            export = httpx.get(srv.url + "/admin/snapshot/latest", headers=headers, timeout=60)
+            statuses[who] = (save.status_code, export.status_code)
+        admin = httpx.post(srv.url + "/admin/snapshot", headers=srv.peer_auth(), timeout=120)
         assert admin.status_code == 200, admin.text
     finally:
         code = srv.stop()
-    return FirstRun(srv, snapshots, ready_metrics, unauthorized, admin.json(), code, srv.log())
+    return FirstRun(srv, snapshots, ready_metrics, statuses, admin.json(), code, srv.log())
 
 
 def fingerprint_of(snapshot: Path) -> dict:
@@ -134,7 +143,7 @@ def second(tmp_path_factory, first) -> SecondWave:
     servers = [
         start(tmp, *shared, name="restarted", env={"HOSTNAME": "writer-a"}),
         start(tmp, *shared, name="twin", env={"HOSTNAME": "writer-b"}),
-        start(tmp, "--snapshot-dir", str(bad_dir), name="refusing"),
+        start(tmp, "--snapshot-dir", str(bad_dir), name="refusing", peer=False),
     ]
     try:
         for s in servers:
@@ -164,8 +173,9 @@ def test_ready_is_503_until_the_warmup_has_run_then_200(first, template_dir):
     assert metric(first.ready_metrics, "preheat_warmup_seconds") > 0
 
 
-def test_admin_snapshot_needs_the_api_key_and_reports_path_and_tokens(first):
-    assert first.unauthorized_status == 401
+def test_admin_answers_only_the_peer_secret_and_reports_path_and_tokens(first):
+    assert first.admin_statuses == {"none": (401, 401), "client api key": (401, 401),
+                                    "wrong peer secret": (401, 401)}
     assert Path(first.admin["path"]).parent == first.snapshots
     assert first.admin["tokens"] > 0 and first.admin["prefixes"] >= 2  # both pins at least
 
@@ -217,7 +227,7 @@ def test_a_pod_with_an_empty_snapshot_dir_restores_its_peers_hot_prefixes(
     second, tmp_path_factory, tokenizer, system_prompt
 ):
     """Pod-local snapshots (any storage): a new engine with an empty directory fetches the
-    newest snapshot from a ready peer over HTTP (with the API key) before it turns ready,
+    newest snapshot from a ready peer over HTTP (with the peer secret) before it turns ready,
     and its first request finds the peer's pinned prefix in the cache."""
     tmp = tmp_path_factory.mktemp("peer")
     own = tmp / "snapshots"
@@ -241,15 +251,18 @@ def test_two_writers_sharing_one_directory_leave_only_valid_snapshots_newest_win
     pair = (second.restarted, second.twin)
 
     def snapshot(server: Server) -> tuple[str, httpx.Response]:
-        return server.url, httpx.post(server.url + "/admin/snapshot", headers=server.auth(), timeout=120)
+        return server.url, httpx.post(server.url + "/admin/snapshot", headers=server.peer_auth(),
+                                      timeout=120)
 
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         answers = list(pool.map(snapshot, [s for _ in range(2) for s in pair]))
-        # Each server saves one snapshot at a time: a second request while one runs is a 409.
+        # Each server saves one snapshot at a time: a second request while one runs is a 409,
+        # one right after it a 429 (forced saves are rate-limited).
         for server in pair:
             mine = [r for url, r in answers if url == server.url]
             assert any(r.status_code == 200 for r in mine), [r.text for r in mine]
-            assert all(r.status_code == 200 or r.json()["error"]["code"] == "snapshot_in_progress" for r in mine)
+            assert all(r.status_code == 200 or r.json()["error"]["code"] in
+                       ("snapshot_in_progress", "snapshot_too_soon") for r in mine)
         saved = [r.json() for _, r in answers if r.status_code == 200]
         codes = list(pool.map(lambda s: s.stop(), pair))  # and both save again at shutdown
     assert codes == [0, 0]
