@@ -345,21 +345,28 @@ class LocalKubelet:
         for vol in podmap.volumes(rt.pod).values():
             path = podmap.volume_dir(rt.pod, vol, self.root, self.node_dirs)
             path.mkdir(parents=True, exist_ok=True)
-            while vol.kind == "configMap":
+            while vol.kind in ("configMap", "secret"):
+                # A missing ConfigMap or Secret volume: the kubelet keeps the pod in
+                # ContainerCreating (a FailedMount event), retrying.
+                kind = "configmaps" if vol.kind == "configMap" else "secrets"
                 resp = await self._client.get(
-                    f"/api/v1/namespaces/{self.namespace}/configmaps/{vol.source}")
+                    f"/api/v1/namespaces/{self.namespace}/{kind}/{vol.source}")
                 if resp.status_code == 200:
                     for key, text in (resp.json().get("data") or {}).items():
-                        (path / key).write_text(text)
+                        if vol.kind == "secret":
+                            (path / key).write_bytes(base64.b64decode(text))
+                            (path / key).chmod(0o400)
+                        else:
+                            (path / key).write_text(text)
                     break
                 if not await self._wait_in(rt, "ContainerCreating"):
                     return False
         return True
 
-    async def _wait_in(self, rt: PodRuntime, reason: str) -> bool:
-        """Reports the container waiting for `reason` and waits half a second before the
-        caller looks again; False once the pod is stopping."""
-        rt.state = replace(rt.state, waiting_reason=reason)
+    async def _wait_in(self, rt: PodRuntime, reason: str, message: str | None = None) -> bool:
+        """Reports the container waiting for `reason` (with the kubelet's `message`) and
+        waits half a second before the caller looks again; False once the pod is stopping."""
+        rt.state = replace(rt.state, waiting_reason=reason, waiting_message=message)
         await self._report(rt)
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(rt.stop.wait(), 0.5)
@@ -379,7 +386,11 @@ class LocalKubelet:
                 if data is not None and all(k in data for k in keys):
                     rt.secrets[name] = {k: base64.b64decode(v).decode() for k, v in data.items()}
                     break
-                if not await self._wait_in(rt, "CreateContainerConfigError"):
+                # kubelet_pods.go's words, which the operator reads back.
+                missing = next((k for k in keys if data is not None and k not in data), None)
+                message = f'secret "{name}" not found' if data is None else \
+                    f"couldn't find key {missing} in Secret {self.namespace}/{name}"
+                if not await self._wait_in(rt, "CreateContainerConfigError", message):
                     return False
         return True
 
@@ -415,7 +426,8 @@ class LocalKubelet:
         log.info("pod %s: started pid %d on %s:%d", rt.name, rt.proc.pid, rt.ip, rt.port)
         rt.phase = "Running"
         rt.state = replace(rt.state, running=True, started=startup is None, ready=False,
-                           failures=0, started_at=_now(), waiting_reason=None)
+                           failures=0, started_at=_now(), waiting_reason=None,
+                           waiting_message=None)
         await self._report(rt)
 
         exited = asyncio.create_task(rt.proc.wait())

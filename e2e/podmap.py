@@ -31,8 +31,8 @@ class Unsupported(ValueError):
 @dataclass(frozen=True)
 class Volume:
     name: str
-    kind: str  # "emptyDir" | "configMap" | "persistentVolumeClaim" | "hostPath"
-    source: str | None  # the ConfigMap or claim name, the host path
+    kind: str  # "emptyDir" | "configMap" | "secret" | "persistentVolumeClaim" | "hostPath"
+    source: str | None  # the ConfigMap, Secret or claim name, the host path
 
 
 @dataclass(frozen=True)
@@ -67,13 +67,15 @@ def volumes(pod: Mapping[str, Any]) -> dict[str, Volume]:
             out[v["name"]] = Volume(v["name"], "emptyDir", None)
         elif "configMap" in v:
             out[v["name"]] = Volume(v["name"], "configMap", v["configMap"]["name"])
+        elif "secret" in v:
+            out[v["name"]] = Volume(v["name"], "secret", v["secret"]["secretName"])
         elif "persistentVolumeClaim" in v:
             out[v["name"]] = Volume(v["name"], "persistentVolumeClaim",
                                     v["persistentVolumeClaim"]["claimName"])
         elif "hostPath" in v:
             out[v["name"]] = Volume(v["name"], "hostPath", v["hostPath"]["path"])
         else:
-            raise Unsupported(f"volume {v['name']!r}: only emptyDir, configMap, hostPath and PVCs")
+            raise Unsupported(f"volume {v['name']!r}: only emptyDir, configMap, secret, hostPath and PVCs")
     return out
 
 

@@ -25,6 +25,9 @@ class ContainerState:
     last_finished_at: str | None = None  # when the last container exited (RFC 3339)
     last_message: str | None = None  # its termination message (terminationMessagePath)
     waiting_reason: str | None = None  # e.g. ContainerCreating, CrashLoopBackOff
+    # What the kubelet says with it, e.g. `secret "api-key" not found` for
+    # CreateContainerConfigError (kubelet_pods.go's texts).
+    waiting_message: str | None = None
 
 
 def after_probe(state: ContainerState, ok: bool, failure_threshold: int) -> ContainerState:
@@ -88,7 +91,8 @@ def status(pod: Mapping[str, Any], state: ContainerState, phase: str, now: str,
     if state.running:
         cstate: dict[str, Any] = {"running": {"startedAt": state.started_at}}
     elif state.waiting_reason:
-        cstate = {"waiting": {"reason": state.waiting_reason}}
+        cstate = {"waiting": {"reason": state.waiting_reason,
+                              **({"message": state.waiting_message} if state.waiting_message else {})}}
     else:
         cstate = {"terminated": terminated(state, exit_code=state.last_exit_code or 0)}
     container: dict[str, Any] = {

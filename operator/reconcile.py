@@ -17,8 +17,7 @@ from typing import Any
 
 import httpx
 
-from preheat.operator import model_progress, render
-from preheat.operator.api_key import api_key_problem
+from preheat.operator import model_progress, peer_secret, render
 from preheat.operator.decide import (
     Action,
     CreatePod,
@@ -33,6 +32,7 @@ from preheat.operator.decide import (
 )
 from preheat.operator.kube import STRATEGIC, ApiError, Kube
 from preheat.operator.ownership import Conflict, Ownership, conflict, ownership
+from preheat.operator.pod_config import config_problems
 from preheat.operator.pods import parse_time, view
 from preheat.operator.quantity import parse_quantity
 from preheat.operator.resources import (
@@ -50,7 +50,7 @@ from preheat.operator.resources import (
     SERVICES,
     WARM_CONDITION,
 )
-from preheat.operator.spec import SecretKeyRef, ServiceSpec, SpecError, parse_spec
+from preheat.operator.spec import ServiceSpec, SpecError, parse_spec
 from preheat.operator.status import Observation, compute
 
 # (body, type, reason, message) -> None; kopf.event in the operator, a list in tests.
@@ -117,6 +117,19 @@ async def _ensure_service(kube: Kube, name: str, ns: str, uid: str) -> Conflict 
 class ClaimState:
     phase: str | None  # the shared claim's status.phase; None when none is wanted
     conflict: Conflict | None = None
+    claim: dict[str, Any] | None = None  # the claim as read or created
+
+
+async def _ensure_peer_secret(kube: Kube, name: str, ns: str, uid: str,
+                              claim: dict[str, Any] | None) -> None:
+    """Creates the service's peer secret once (operator/peer_secret.py); 409: it exists
+    (this operator made it on an earlier pass, or it was kept with a retained claim)."""
+    want = peer_secret.manifest(name, ns, peer_secret.owner(name, uid, claim))
+    try:
+        await kube.create(SECRETS, ns, want)
+    except ApiError as e:
+        if e.status != 409:
+            raise
 
 
 async def _ensure_snapshot_claim(kube: Kube, name: str, ns: str, uid: str,
@@ -143,7 +156,7 @@ async def _ensure_claim(kube: Kube, name: str, ns: str, uid: str, want: dict[str
             await kube.patch(PVCS, ns, claim["metadata"]["name"],
                              {"metadata": {"ownerReferences": others + wanted}})
     # A new claim has no status yet.
-    return ClaimState((claim.get("status") or {}).get("phase") or "Pending")
+    return ClaimState((claim.get("status") or {}).get("phase") or "Pending", claim=claim)
 
 
 async def _ensure_disruption_budget(kube: Kube, name: str, ns: str, uid: str,
@@ -273,7 +286,8 @@ async def reconcile(kube: Kube, namespace: str, name: str, events: EventSink,
     def owned_pods(raw: list[dict[str, Any]]):
         return tuple(view(p) for p in raw if _owned(p, uid))
 
-    pods = owned_pods(await kube.list(PODS, namespace, {LABEL_SERVICE: name}))
+    raw_pods = [p for p in await kube.list(PODS, namespace, {LABEL_SERVICE: name}) if _owned(p, uid)]
+    pods = tuple(view(p) for p in raw_pods)
     snapshot_phase = None
     template_hash = ""
     history = _history(previous)
@@ -298,6 +312,8 @@ async def reconcile(kube: Kube, namespace: str, name: str, events: EventSink,
             cached = await _ensure_claim(kube, name, namespace, uid, cache_claim)
             if cached.conflict is not None:
                 conflicts.append(cached.conflict)
+        if spec.snapshot.enabled and claim.conflict is None:
+            await _ensure_peer_secret(kube, name, namespace, uid, claim.claim)
         # The first pods need the Service (their peer URL); once pods exist, acting on them
         # comes first: a failover must not wait for three other API calls.
         if not pods:
@@ -306,10 +322,9 @@ async def reconcile(kube: Kube, namespace: str, name: str, events: EventSink,
                 await kube.get(CONFIGMAPS, namespace, spec.warmup_templates) is None:
             blocking.append(("WarmupTemplatesNotFound", f"ConfigMap {spec.warmup_templates!r} "
                              "not found; no new pods until it exists"))
-        if spec.engine.api_key_secret is not None:
-            problem = await _api_key_problem(kube, namespace, spec.engine.api_key_secret)
-            if problem is not None:
-                blocking.append(problem)
+        # A Secret the pods need and cannot have (API key, model credentials, env): the
+        # kubelet says so in their status; the operator never reads Secrets itself.
+        blocking.extend(config_problems(raw_pods, body.get("spec") or {}))
         target = Target(spec.replicas, spec.warm_pool_size, template_hash,
                         allow_create=not blocking and not any(c.blocks_pods for c in conflicts),
                         max_surge=spec.rollout.surge(spec.replicas),
@@ -368,18 +383,6 @@ async def reconcile(kube: Kube, namespace: str, name: str, events: EventSink,
     if progress_recheck is not None:
         recheck = progress_recheck if recheck is None else min(recheck, progress_recheck)
     return Outcome(status, recheck)
-
-
-async def _api_key_problem(kube: Kube, namespace: str, ref: SecretKeyRef,
-                           ) -> tuple[str, str] | None:
-    try:
-        secret = await kube.get(SECRETS, namespace, ref.name)
-    except ApiError as e:
-        if e.status != 403:
-            raise
-        return ("ApiKeySecretUnreadable", f"the operator may not read Secret {ref.name!r} "
-                "(spec.engine.apiKeySecretRef): its role needs get on secrets; no new pods")
-    return api_key_problem(ref, secret)
 
 
 def _report_problems(body: Mapping[str, Any], previous: Mapping[str, Any],

@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from preheat.operator import peer_secret
 from preheat.operator.resources import (
     API_VERSION,
     KIND,
@@ -159,6 +160,8 @@ def _engine_env(name: str, spec: ServiceSpec) -> list[dict[str, Any]]:
     if spec.warmup_templates:
         env["PREHEAT_WARMUP_TEMPLATES"] = TEMPLATES_DIR
     if spec.snapshot.enabled:
+        # The service's peer secret (operator/peer_secret.py): /admin/* and snapshot HMACs.
+        env[peer_secret.ENV] = peer_secret.MOUNT_DIR
         env["PREHEAT_SNAPSHOT_DIR"] = SNAPSHOT_DIR
         env["PREHEAT_SNAPSHOT_INTERVAL"] = str(spec.snapshot.interval_seconds)
         env["PREHEAT_SHUTDOWN_SNAPSHOT_TIMEOUT"] = str(budget.snapshot)
@@ -169,8 +172,8 @@ def _engine_env(name: str, spec: ServiceSpec) -> list[dict[str, Any]]:
     if key is not None:
         # The engine reads PREHEAT_API_KEY like --api-key. From the Secret, never the pod
         # spec: the key stays out of the InferenceService, the pod and the template hash.
-        # Only the API (/v1/*, /tokenize, /admin/*, the snapshot peer route) asks for it;
-        # the probes (/health, /ready) and /metrics stay open to the kubelet and operator.
+        # Only the client API asks for it (never /admin/*: that is the peer secret's); the
+        # probes (/health, /ready) and /metrics stay open to the kubelet and operator.
         ours.append({"name": API_KEY_ENV, "valueFrom": {"secretKeyRef": {
             "name": key.name, "key": key.key}}})
     # User env comes last so it can override ours (e.g. PREHEAT_LOG_LEVEL, PREHEAT_DTYPE).
@@ -213,6 +216,9 @@ def _volumes(name: str, spec: ServiceSpec) -> tuple[list[dict[str, Any]], list[d
     if spec.warmup_templates:
         volumes.append({"name": "warmup-templates", "configMap": {"name": spec.warmup_templates}})
         mounts.append({"name": "warmup-templates", "mountPath": TEMPLATES_DIR, "readOnly": True})
+    if spec.snapshot.enabled:
+        volumes.append(peer_secret.volume(name))
+        mounts.append(peer_secret.mount())
     if spec.snapshot.shared:
         volumes.append({"name": "snapshots",
                         "persistentVolumeClaim": {"claimName": snapshot_claim_name(name)}})

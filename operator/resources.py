@@ -50,7 +50,8 @@ PODS = Resource("", "v1", "pods")
 SERVICES = Resource("", "v1", "services")
 PVCS = Resource("", "v1", "persistentvolumeclaims")
 CONFIGMAPS = Resource("", "v1", "configmaps")
-# Read (get) only to check that spec.engine.apiKeySecretRef exists and holds a key.
+# Created only (the per-service peer secret, reconcile._ensure_peer_secret): the operator
+# never reads a Secret; a missing one shows in the pods' status (operator/pod_config.py).
 SECRETS = Resource("", "v1", "secrets")
 HPAS = Resource("autoscaling", "v2", "horizontalpodautoscalers")
 PDBS = Resource("policy", "v1", "poddisruptionbudgets")

@@ -48,13 +48,43 @@ def parse_gauge(text: str, metric: str) -> float | None:
     return None
 
 
+# The most of one pod's /metrics body read: an engine's is ~20 KiB; a pod running another
+# image (the InferenceService's author picks it) must not make the operator, which serves
+# every service, read without bound.
+MAX_METRICS_BYTES = 1 << 20
+
+
+class TooLarge(ValueError):
+    pass
+
+
+async def read_capped(client: httpx.AsyncClient, url: str, timeout: float,
+                      cap: int = MAX_METRICS_BYTES) -> str:
+    """The body of GET url, streamed, at most `cap` bytes, all of it within `timeout`
+    seconds (httpx's own timeouts are per read: a pod trickling a byte at a time would hold
+    the scrape round forever)."""
+
+    async def read() -> str:
+        async with client.stream("GET", url, timeout=timeout) as resp:
+            resp.raise_for_status()
+            declared = resp.headers.get("content-length", "")
+            if declared.isdigit() and int(declared) > cap:
+                raise TooLarge(f"/metrics of {declared} bytes is over {cap}")
+            body = bytearray()
+            async for chunk in resp.aiter_raw():
+                body += chunk
+                if len(body) > cap:
+                    raise TooLarge(f"/metrics is over {cap} bytes")
+            return body.decode("utf-8", "replace")
+
+    return await asyncio.wait_for(read(), timeout)
+
+
 async def _one(client: httpx.AsyncClient, url: str, metric: str, timeout: float) -> float | None:
     try:
-        resp = await client.get(url, timeout=timeout)
-        resp.raise_for_status()
-        return parse_gauge(resp.text, metric)
-    except (httpx.HTTPError, ValueError) as e:  # ValueError: not Prometheus text
-        log.info("scraping %s failed: %s", url, e)
+        return parse_gauge(await read_capped(client, url, timeout), metric)
+    except (httpx.HTTPError, ValueError, asyncio.TimeoutError) as e:  # ValueError: not Prometheus text
+        log.info("scraping %s failed: %s", url, type(e).__name__ if not str(e) else e)
         return None
 
 
