@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import time
 from dataclasses import dataclass, field
+
+from preheat.operator.network_policy import PolicySettings
 
 
 @dataclass(frozen=True)
@@ -30,6 +33,8 @@ class OperatorConfig:
     autoscale_log: str | None = None  # append every autoscaling pass as a JSON line
     liveness: str | None = None  # e.g. http://0.0.0.0:8080/healthz
     log_level: str = "info"
+    # Per-service NetworkPolicies (operator/network_policy.py); the chart fills them in.
+    network: PolicySettings = field(default_factory=PolicySettings)
     extra: dict[str, str] = field(default_factory=dict)
 
 
@@ -87,6 +92,19 @@ def parse_args(argv: list[str]) -> OperatorConfig:
                    help="Liveness endpoint, e.g. http://0.0.0.0:8080/healthz.")
     p.add_argument("--log-level", default=_env("LOG_LEVEL", "info"),
                    choices=("debug", "info", "warning", "error"))
+    p.add_argument("--network-policies", choices=("on", "off"),
+                   default=_env("NETWORK_POLICIES", "on"),
+                   help="Render a NetworkPolicy per InferenceService (engines admit their "
+                        "routers, peers and the operator; clients reach the routers).")
+    p.add_argument("--network-clients", default=_env("NETWORK_CLIENTS"),
+                   help="JSON list of NetworkPolicyPeers that may call the routers (or the "
+                        "engines with the router off); default: every pod of the namespace; "
+                        "[] = anyone.")
+    p.add_argument("--network-metrics-scrapers", default=_env("NETWORK_METRICS_SCRAPERS", "[]"),
+                   help="JSON list of NetworkPolicyPeers that may scrape the engines' /metrics.")
+    p.add_argument("--pod-labels", default=_env("POD_LABELS", ""),
+                   help="This operator's own pod labels (k=v,k=v): engines admit pods with "
+                        "them in POD_NAMESPACE (the /metrics scrape).")
     a = p.parse_args(argv)
     namespaces = tuple(a.namespace or ([_env("NAMESPACE")] if _env("NAMESPACE") else []))
     if not namespaces and not a.all_namespaces:
@@ -103,6 +121,20 @@ def parse_args(argv: list[str]) -> OperatorConfig:
     if a.peering_lifetime < 15:
         # kopf renews 5-10 s before expiry: shorter leaves no margin for a slow API call.
         p.error("--peering-lifetime must be at least 15 seconds")
+    try:
+        clients = json.loads(a.network_clients) if a.network_clients else None
+        scrapers = json.loads(a.network_metrics_scrapers or "[]")
+        labels = dict(kv.split("=", 1) for kv in a.pod_labels.split(",") if kv.strip())
+    except ValueError as e:
+        p.error(f"network policy settings: {e}")
+    if not isinstance(scrapers, list) or not (clients is None or isinstance(clients, list)):
+        p.error("--network-clients and --network-metrics-scrapers must be JSON lists")
+    network = PolicySettings(enabled=a.network_policies == "on",
+                             operator_namespace=os.environ.get("POD_NAMESPACE"),
+                             operator_labels={k.strip(): v.strip() for k, v in labels.items()},
+                             clients=tuple(clients) if clients is not None else
+                             PolicySettings().clients,
+                             metrics_scrapers=tuple(scrapers))
     return OperatorConfig(namespaces=namespaces, all_namespaces=a.all_namespaces,
                           peering=a.peering, standalone=a.standalone or not a.peering,
                           priority=a.priority, peering_lifetime=a.peering_lifetime,
@@ -110,4 +142,4 @@ def parse_args(argv: list[str]) -> OperatorConfig:
                           autoscale_interval=a.autoscale_interval,
                           metrics_timeout=a.metrics_timeout, autoscale_log=a.autoscale_log,
                           liveness=a.liveness,
-                          log_level=a.log_level)
+                          log_level=a.log_level, network=network)

@@ -118,7 +118,8 @@ async def reconcile_loop(memo: OperatorState, stopped: kopf.DaemonStopped, names
         while not stopped:
             wake.clear()
             try:
-                outcome = await reconcile(memo.client(), namespace, name, _post_event, logger)
+                outcome = await reconcile(memo.client(), namespace, name, _post_event, logger,
+                                          network=memo.config.network)
                 failures = 0
                 delay = memo.config.resync_seconds
                 if outcome is not None and outcome.recheck_at is not None:

@@ -47,6 +47,7 @@ _CONFLICTS = {
     "PersistentVolumeClaim": ("PVCConflict", True),
     "HorizontalPodAutoscaler": ("HPAConflict", False),
     "PodDisruptionBudget": ("PDBConflict", False),
+    "NetworkPolicy": ("NetworkPolicyConflict", False),
 }
 
 

@@ -31,6 +31,7 @@ from preheat.operator.decide import (
     plan,
 )
 from preheat.operator.kube import STRATEGIC, ApiError, Kube
+from preheat.operator.network_policy import PolicySettings, network_policies, policy_names
 from preheat.operator.ownership import Conflict, Ownership, conflict, ownership
 from preheat.operator.pod_config import config_problems
 from preheat.operator.pods import parse_time, view
@@ -42,6 +43,7 @@ from preheat.operator.resources import (
     INFERENCE_SERVICES,
     LABEL_ROLE,
     LABEL_SERVICE,
+    NETWORK_POLICIES,
     PDBS,
     PODS,
     PVCS,
@@ -210,6 +212,34 @@ async def _ensure_autoscaler(kube: Kube, name: str, ns: str, uid: str,
     return None
 
 
+async def _ensure_network_policies(kube: Kube, name: str, ns: str, uid: str,
+                                   raw_spec: Mapping[str, Any],
+                                   settings: PolicySettings | None) -> list[Conflict]:
+    """The service's NetworkPolicies (operator/network_policy.py): created, kept in step,
+    and deleted when no longer wanted (turned off, or the router policy with the router
+    off). A foreign policy of the same name is left alone and reported."""
+    if settings is None:
+        return []
+    wanted = {p["metadata"]["name"]: p for p in network_policies(
+        name, ns, render.child_metadata(name, ns, uid), raw_spec, settings)}
+    found: list[Conflict] = []
+    for policy_name in policy_names(name):
+        want = wanted.get(policy_name)
+        have = await kube.get(NETWORK_POLICIES, ns, policy_name)
+        owner = ownership(have, name, uid)
+        if owner is Ownership.FOREIGN:
+            if want is not None:
+                found.append(conflict("NetworkPolicy", have, name))
+        elif want is None:
+            if owner is Ownership.OURS:
+                await kube.delete(NETWORK_POLICIES, ns, policy_name)
+        elif owner is Ownership.ABSENT:
+            await kube.create(NETWORK_POLICIES, ns, want)
+        elif not _contains(have.get("spec"), want["spec"]):
+            await kube.patch(NETWORK_POLICIES, ns, policy_name, {"spec": want["spec"]})
+    return found
+
+
 async def _apply(kube: Kube, body: Mapping[str, Any], spec: ServiceSpec, action: Action,
                  events: EventSink) -> None:
     meta = body["metadata"]
@@ -263,9 +293,11 @@ def _report_failovers(body: Mapping[str, Any], p: Plan, target: Target,
 
 async def reconcile(kube: Kube, namespace: str, name: str, events: EventSink,
                     logger: logging.Logger | logging.LoggerAdapter = log,
+                    network: PolicySettings | None = None,
                     ) -> Outcome | None:
     """Reconcile once; returns the status written and when to look again (None if the
-    resource is gone)."""
+    resource is gone). `network`: how to render the service's NetworkPolicies (None: the
+    operator renders none, e.g. in tests that do not look at them)."""
     body = await kube.get(INFERENCE_SERVICES, namespace, name)
     if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
         return None  # owner references cascade the children away
@@ -301,6 +333,8 @@ async def reconcile(kube: Kube, namespace: str, name: str, events: EventSink,
                      await _ensure_autoscaler(kube, name, namespace, uid, spec),
                      await _ensure_disruption_budget(kube, name, namespace, uid, spec)]
             conflicts.extend(c for c in found if c is not None)
+            conflicts.extend(await _ensure_network_policies(
+                kube, name, namespace, uid, body.get("spec") or {}, network))
 
         # The claim comes first, always: a pod made this pass must not mount a foreign one.
         claim = await _ensure_snapshot_claim(kube, name, namespace, uid, spec)

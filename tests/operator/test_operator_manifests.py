@@ -10,7 +10,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from preheat.operator import render
+from preheat.operator import network_policy, peer_secret, render
 from preheat.operator.spec import parse_spec
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -48,6 +48,14 @@ def test_every_object_rendered_from_a_sample_is_a_valid_1_30_object(sample):
     assert (hpa is None) == (spec.autoscaling is None or spec.autoscaling.engine_mode)
     if hpa is not None:
         objects.append(hpa)
+    objects.append(peer_secret.manifest(name, ns, peer_secret.owner(name, uid, None)))
+    settings = network_policy.PolicySettings(operator_namespace="preheat-system",
+                                             operator_labels={"app.kubernetes.io/name": "preheat"},
+                                             metrics_scrapers=({"namespaceSelector": {}},))
+    for router in (True, False):
+        objects += network_policy.network_policies(
+            name, ns, render.child_metadata(name, ns, uid),
+            {**cr["spec"], "router": {"enabled": router}}, settings)
     for obj in objects:
         kubernetes_validate.validate(obj, K8S, strict=True)
 
