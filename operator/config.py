@@ -103,8 +103,8 @@ def parse_args(argv: list[str]) -> OperatorConfig:
     p.add_argument("--network-metrics-scrapers", default=_env("NETWORK_METRICS_SCRAPERS", "[]"),
                    help="JSON list of NetworkPolicyPeers that may scrape the engines' /metrics.")
     p.add_argument("--pod-labels", default=_env("POD_LABELS", ""),
-                   help="This operator's own pod labels (k=v,k=v): engines admit pods with "
-                        "them in POD_NAMESPACE (the /metrics scrape).")
+                   help="This operator's own pod labels (k=v,k=v or a JSON object): engines "
+                        "admit pods with them in POD_NAMESPACE (the /metrics scrape).")
     a = p.parse_args(argv)
     namespaces = tuple(a.namespace or ([_env("NAMESPACE")] if _env("NAMESPACE") else []))
     if not namespaces and not a.all_namespaces:
@@ -124,7 +124,9 @@ def parse_args(argv: list[str]) -> OperatorConfig:
     try:
         clients = json.loads(a.network_clients) if a.network_clients else None
         scrapers = json.loads(a.network_metrics_scrapers or "[]")
-        labels = dict(kv.split("=", 1) for kv in a.pod_labels.split(",") if kv.strip())
+        text = a.pod_labels.strip()
+        labels = json.loads(text) if text.startswith("{") else \
+            dict(kv.split("=", 1) for kv in text.split(",") if kv.strip())
     except ValueError as e:
         p.error(f"network policy settings: {e}")
     if not isinstance(scrapers, list) or not (clients is None or isinstance(clients, list)):

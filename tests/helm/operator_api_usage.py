@@ -77,6 +77,12 @@ def kopf_peering_verbs() -> set[str]:
 
 def used_rules(peering: bool, namespaced: bool = True) -> set[Rule]:
     rules: set[Rule] = set()
+    # An ownerReference with blockOwnerDeletion: true needs update on the owner's
+    # finalizers (OwnerReferencesPermissionEnforcement), read off what render sets.
+    from preheat.operator.render import owner_reference
+
+    if owner_reference("x", "uid").get("blockOwnerDeletion"):
+        rules.add((resources.GROUP, f"{resources.PLURAL}/finalizers", "update"))
     for path in sorted(OPERATOR_DIR.glob("*.py")):
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):

@@ -1,6 +1,8 @@
-"""The chart's NetworkPolicy (issue 13 point 5): valid Kubernetes objects, and — read with
-NetworkPolicy's own semantics — admitting to engine pods exactly the configured clients,
-the operator and engine peers, on the engine port only."""
+"""The NetworkPolicies the operator renders per InferenceService, configured by the chart
+(networkPolicy.* -> the operator Deployment's env -> operator/config.py): valid Kubernetes
+objects, and — read with NetworkPolicy's own semantics — admitting to a service's engine
+pods exactly its routers, its own peers, the operator and the scrapers, and to its routers
+the configured clients, on the engine port only."""
 
 from __future__ import annotations
 
@@ -8,10 +10,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import os
+
 import kubernetes_validate
 import pytest
 from helm_tools import ensure_tools
-from test_helm_chart import K8S, rendered, template
+from test_helm_chart import K8S, rendered
+
+from preheat.operator import render
+from preheat.operator.config import parse_args
+from preheat.operator.network_policy import network_policies
 
 OPERATOR_LABELS = {"app.kubernetes.io/name": "preheat", "app.kubernetes.io/instance": "preheat",
                    "app.kubernetes.io/component": "operator"}
@@ -80,42 +88,55 @@ def helm() -> str:
     return str(ensure_tools()["helm"])
 
 
-def policies(helm, tmp_path, values) -> list[dict[str, Any]]:
-    return [o for o in rendered(helm, tmp_path, values) if o["kind"] == "NetworkPolicy"]
+def operator_settings(helm, tmp_path, values):
+    """The operator's PolicySettings as its Deployment's env (from the chart) gives them."""
+    objects = rendered(helm, tmp_path, values)
+    assert not [o for o in objects if o["kind"] == "NetworkPolicy"]  # the operator renders them
+    [deployment] = [o for o in objects if o["kind"] == "Deployment"]
+    env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    env["POD_NAMESPACE"] = "preheat-system"  # the downward API's value
+    saved = dict(os.environ)
+    try:
+        os.environ.update({k: v for k, v in env.items() if v is not None})
+        return parse_args(["--standalone"]).network
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def policies(helm, tmp_path, values, service="chat", ns="llm-prod", raw_spec=None) -> list[dict[str, Any]]:
+    settings = operator_settings(helm, tmp_path, values)
+    out = network_policies(service, ns, render.child_metadata(service, ns, "uid-1"), raw_spec or {}, settings)
+    for p in out:
+        kubernetes_validate.validate(p, K8S, strict=True)
+    return out
 
 
 def engine(ns: str, service: str = "chat", role: str = "serving") -> Pod:
     return Pod(ns, {"preheat.dev/service": service, "preheat.dev/role": role})
 
 
-def test_no_network_policy_unless_asked_for(helm, tmp_path):
-    assert policies(helm, tmp_path, None) == []
+def test_policies_are_on_by_default_and_can_be_turned_off(helm, tmp_path):
+    assert [p["metadata"]["name"] for p in policies(helm, tmp_path, None)] == ["chat-engines", "chat-router"]
+    assert policies(helm, tmp_path, {"networkPolicy": {"enabled": False}}) == []
 
 
-def test_one_valid_policy_per_served_namespace(helm, tmp_path):
-    found = policies(helm, tmp_path, VALUES)
-    assert sorted(p["metadata"]["namespace"] for p in found) == ["llm-prod", "llm-staging"]
-    for p in found:
-        kubernetes_validate.validate(p, K8S, strict=True)
-    # Without watch.namespaces: the release namespace, where the operator serves.
-    [own] = policies(helm, tmp_path, {"networkPolicy": {"enabled": True}})
-    assert own["metadata"]["namespace"] == "preheat-system"
-
-
-def test_engines_admit_exactly_clients_operator_peers_and_scrapers(helm, tmp_path):
+def test_engines_admit_exactly_their_routers_peers_the_operator_and_scrapers(helm, tmp_path):
     found = policies(helm, tmp_path, VALUES)
     dst = engine("llm-prod")
     allowed = {
         "the operator": Pod("preheat-system", OPERATOR_LABELS),
-        "a serving peer": engine("llm-prod", "other"),
+        "its router": engine("llm-prod", role="router"),
+        "a serving peer": engine("llm-prod"),
         "a warm pod of the same service": engine("llm-prod", role="warm"),
-        "a gateway client": Pod("gateway", {"app": "gateway"}),
         "Prometheus": Pod("monitoring", {"app.kubernetes.io/name": "prometheus"}),
     }
     refused = {
+        "an engine of another service": engine("llm-prod", "other"),
+        "another service's router": engine("llm-prod", "other", role="router"),
         "an operator look-alike elsewhere": Pod("llm-prod", OPERATOR_LABELS),
         "an engine of another namespace": engine("llm-staging"),
-        "another pod of the gateway namespace": Pod("gateway", {"app": "batch"}),
+        "a gateway client (clients go through the router)": Pod("gateway", {"app": "gateway"}),
         "a pod of the engine's namespace": Pod("llm-prod", {"app": "notebook"}),
         "another pod of the monitoring namespace": Pod("monitoring", {"app": "grafana"}),
     }
@@ -124,15 +145,26 @@ def test_engines_admit_exactly_clients_operator_peers_and_scrapers(helm, tmp_pat
         assert not admits(found, src, dst, 9000), f"{who}, another port"
     for who, src in refused.items():
         assert not admits(found, src, dst, 8000), who
-    # Only engine pods are guarded: the namespace's other pods keep their own rules.
+    # Only the service's pods are guarded: the namespace's other pods keep their own rules.
     assert admits(found, Pod("anywhere", {}), Pod("llm-prod", {"app": "notebook"}), 8000)
 
 
-def test_the_default_clients_are_the_engines_own_namespace(helm, tmp_path):
-    found = policies(helm, tmp_path, {"networkPolicy": {"enabled": True}})
-    dst = engine("preheat-system")
+def test_clients_reach_the_router_and_with_the_router_off_the_engines(helm, tmp_path):
+    found = policies(helm, tmp_path, VALUES)
+    router = engine("llm-prod", role="router")
+    assert admits(found, Pod("gateway", {"app": "gateway"}), router, 8000)
+    assert not admits(found, Pod("gateway", {"app": "batch"}), router, 8000)
+    direct = policies(helm, tmp_path, VALUES, raw_spec={"router": {"enabled": False}})
+    assert admits(direct, Pod("gateway", {"app": "gateway"}), engine("llm-prod"), 8000)
+    assert not admits(direct, Pod("llm-prod", {"app": "notebook"}), engine("llm-prod"), 8000)
+
+
+def test_the_default_clients_are_the_services_own_namespace(helm, tmp_path):
+    found = policies(helm, tmp_path, None, ns="preheat-system")
+    dst = engine("preheat-system", role="router")
     assert admits(found, Pod("preheat-system", {"app": "web"}), dst, 8000)
     assert not admits(found, Pod("elsewhere", {"app": "web"}), dst, 8000)
+    assert not admits(found, Pod("preheat-system", {"app": "web"}), engine("preheat-system"), 8000)
 
 
 def test_the_evaluator_can_refuse_and_admit():
@@ -143,13 +175,3 @@ def test_the_evaluator_can_refuse_and_admit():
     assert admits([open_ns], Pod("b", {}), Pod("a", {}), 1)
     assert not admits([closed], Pod("a", {}), Pod("a", {}), 1)
     assert admits([open_ns, closed], Pod("b", {}), Pod("a", {}), 1)  # policies add up
-
-
-def test_cluster_wide_needs_named_namespaces(helm, tmp_path):
-    out = template(helm, tmp_path, {"watch": {"allNamespaces": True},
-                                    "networkPolicy": {"enabled": True}})
-    assert out.returncode != 0
-    assert "networkPolicy.namespaces is required with watch.allNamespaces" in out.stderr
-    found = policies(helm, tmp_path, {"watch": {"allNamespaces": True},
-                                      "networkPolicy": {"enabled": True, "namespaces": ["llm"]}})
-    assert [p["metadata"]["namespace"] for p in found] == ["llm"]

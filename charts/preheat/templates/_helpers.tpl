@@ -50,6 +50,11 @@ app.kubernetes.io/component: operator
 - apiGroups: [serving.preheat.dev]
   resources: [inferenceservices/status]
   verbs: [patch]
+# Children carry ownerReferences with blockOwnerDeletion: true; with the admission plugin
+# OwnerReferencesPermissionEnforcement (OpenShift's default) that needs update here.
+- apiGroups: [serving.preheat.dev]
+  resources: [inferenceservices/finalizers]
+  verbs: [update]
 # The built-in autoscaler (metric.type Engine) sets replicas where an HPA would: /scale.
 - apiGroups: [serving.preheat.dev]
   resources: [inferenceservices/scale]
@@ -69,11 +74,14 @@ app.kubernetes.io/component: operator
 - apiGroups: [""]
   resources: [configmaps]
   verbs: [get]
-# Only to check that spec.engine.apiKeySecretRef exists and holds a non-empty key before
-# pods need it; the engines read the value themselves (env from the Secret).
+# Create only: the per-service peer secret (a 409 means it exists). No get, list or
+# watch: the operator never reads a Secret; a missing one shows in the pods' status.
 - apiGroups: [""]
   resources: [secrets]
-  verbs: [get]
+  verbs: [create]
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
+  verbs: [get, create, patch, delete]
 - apiGroups: [autoscaling]
   resources: [horizontalpodautoscalers]
   verbs: [get, create, patch, delete]
