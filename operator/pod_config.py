@@ -63,15 +63,16 @@ def _problem(message: str, refs: Mapping[str, str]) -> tuple[str, str]:
 
 def config_problems(pods: Iterable[Mapping[str, Any]], spec: Mapping[str, Any]) -> list[tuple[str, str]]:
     """(reason, message) per distinct configuration error the pods show; the message names
-    the Secret, the spec field that names it and the pods, and says that no new pods
-    follow."""
+    the Secret and the spec field that names it, and says that no new pods follow."""
     refs = secret_refs(spec)
-    found: dict[tuple[str, str], list[str]] = {}
+    found: dict[tuple[str, str], None] = {}
     for pod in pods:
         if (pod.get("metadata") or {}).get("deletionTimestamp"):
             continue
         for message in waiting_config_errors(pod):
-            found.setdefault(_problem(message, refs), []).append(pod["metadata"]["name"])
-    return [(reason, f"{text}: pod {', '.join(sorted(names))} cannot start "
-                     f"({CONFIG_ERROR}); no new pods until it can")
-            for (reason, text), names in found.items()]
+            found.setdefault(_problem(message, refs), None)
+    # The pods' names stay out of the message: it must not change (and be reported again)
+    # each time a pod comes or goes while the Secret is missing.
+    return [(reason, f"{text}: the pods cannot start ({CONFIG_ERROR}); no new pods until "
+                     "they can")
+            for reason, text in found]

@@ -112,8 +112,8 @@ def test_a_missing_secret_is_read_off_the_pods_and_named_with_its_field():
                                 waiting_pod("chat-e", "", reason="ContainerCreating")], SPEC)
     assert [r for r, _ in problems] == ["SecretNotFound", "SecretKeyNotFound", "SecretNotFound"]
     assert problems[0][1] == ("Secret 'llm-key' (spec.engine.apiKeySecretRef) not found in the service's "
-                              "namespace: pod chat-a, chat-b cannot start (CreateContainerConfigError); "
-                              "no new pods until it can")
+                              "namespace: the pods cannot start (CreateContainerConfigError); "
+                              "no new pods until they can")
     assert "Secret 'hub-token' (spec.model.credentialsSecretRef) has no key 'token'" in problems[1][1]
     assert "(spec.engine.env[X])" in problems[2][1]
 

@@ -1,17 +1,17 @@
 """Issue 13 point 5 against the API emulator, with the real kopf operator: objects it does not
-own are left alone and reported, and an API key Secret that cannot work is a condition, not
-a pod that never starts. The tests play the user, as in test_operator_kmock.py."""
+own are left alone and reported, and a Secret the pods cannot have (read off their
+CreateContainerConfigError: the operator has no get on Secrets) is a condition, not more
+pods that never start. The tests play the user, as in test_operator_kmock.py."""
 
 from __future__ import annotations
 
-import base64
 from typing import Any
 
 from test_operator_failover_kmock import condition, events_with, status_of
 from test_operator_kmock import NS, eventually, pods_of, sample
 
 from preheat.operator.kube import Kube
-from preheat.operator.resources import HPAS, INFERENCE_SERVICES, PVCS, SECRETS, SERVICES
+from preheat.operator.resources import HPAS, INFERENCE_SERVICES, PODS, PVCS, SERVICES
 
 FOREIGN_SERVICE = {"metadata": {"name": "chat", "labels": {"team": "web"}},
                    "spec": {"selector": {"app": "web"},
@@ -85,43 +85,66 @@ async def test_foreign_service_claim_and_hpa_are_reported_and_left_untouched(clu
         assert len(await events_with(kube, reason)) == 1
 
 
-def _secret(**data: str) -> dict[str, Any]:
-    return {"metadata": {"name": "llm-key"},
-            "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()}}
+async def _kubelet_waits(kube: Kube, pod: str, message: str | None) -> None:
+    """Plays the kubelet: the container Waiting in CreateContainerConfigError with the
+    kubelet's own message (a missing Secret), or running once the Secret is there."""
+    state = {"waiting": {"reason": "CreateContainerConfigError", "message": message}} if message \
+        else {"running": {"startedAt": "2026-01-01T00:00:00Z"}}
+    await kube.patch(PODS, NS, pod, {"status": {"phase": "Pending" if message else "Running",
+                                                "containerStatuses": [{"name": "engine", "ready": False,
+                                                                       "restartCount": 0, "state": state}]}},
+                     subresource="status")
 
 
-async def test_an_api_key_secret_that_cannot_work_is_a_condition_not_broken_pods(cluster: Kube):
+async def test_a_missing_secret_is_read_off_the_pods_and_stops_new_pods(cluster: Kube):
+    """The operator cannot read Secrets (no get in its role): the pods say the Secret is
+    missing, the operator reports it (Degraded, an Event, naming the Secret and the field)
+    and makes no new pods until the kubelet can start them."""
     kube = cluster
     await kube.create(INFERENCE_SERVICES, NS, sample(
         "auth", replicas=1, warmPool={"size": 1}, snapshot={"enabled": False},
         engine={"image": "preheat/engine:dev",
                 "apiKeySecretRef": {"name": "llm-key", "key": "token"}}))
 
-    async def degraded(reason: str):
-        st = await status_of(kube, "auth")
-        return condition(st, "Degraded").get("reason") == reason
-    await eventually(lambda: degraded("ApiKeySecretNotFound"))
-    [event] = await events_with(kube, "ApiKeySecretNotFound")
-    assert "Secret 'llm-key'" in event["message"]
-    assert await pods_of(kube, "auth") == []
-
-    await kube.create(SECRETS, NS, _secret(other="x"))
-    await eventually(lambda: degraded("ApiKeySecretKeyNotFound"))
-    await kube.patch(SECRETS, NS, "llm-key", {"data": {"token": ""}})
-    await eventually(lambda: degraded("ApiKeyEmpty"))
-    assert await pods_of(kube, "auth") == []
-
-    await kube.patch(SECRETS, NS, "llm-key",
-                     {"data": {"token": base64.b64encode(b"s3cret").decode()}})
-
     async def two_pods():
         pods = await pods_of(kube, "auth")
-        return pods if len(pods) == 2 else None
-    pods = await eventually(two_pods)
-    assert condition(await status_of(kube, "auth"), "Degraded")["status"] == "False"
+        return sorted(p["metadata"]["name"] for p in pods) if len(pods) == 2 else None
+    first, second = await eventually(two_pods)
+    for pod in (first, second):
+        await _kubelet_waits(kube, pod, 'secret "llm-key" not found')
+
+    async def degraded():
+        d = condition(await status_of(kube, "auth"), "Degraded")
+        return d if d.get("status") == "True" else None
+    d = await eventually(degraded)
+    assert d["reason"] == "SecretNotFound"
+    assert "Secret 'llm-key' (spec.engine.apiKeySecretRef) not found" in d["message"]
+    [event] = await events_with(kube, "SecretNotFound")
+    assert "Secret 'llm-key'" in event["message"] and event["type"] == "Warning"
+
+    # The serving pod lost meanwhile is not replaced by a new pod: the replacement would
+    # wait the same way. The warm one takes its place (the relabel shows a pass ran).
+    [serving] = await pods_of(kube, "auth", role="serving")
+    [warm] = await pods_of(kube, "auth", role="warm")
+    await kube.delete(PODS, NS, serving["metadata"]["name"])
+
+    async def promoted():
+        return [p["metadata"]["name"] for p in await pods_of(kube, "auth", role="serving")] == \
+            [warm["metadata"]["name"]]
+    await eventually(promoted)
+    [survivor] = await pods_of(kube, "auth")
+    assert condition(await status_of(kube, "auth"), "Degraded")["status"] == "True"
+
+    # The Secret is created; the kubelet starts the container: the operator heals.
+    await _kubelet_waits(kube, survivor["metadata"]["name"], None)
+
+    async def healed():
+        pods = await pods_of(kube, "auth")
+        ok = condition(await status_of(kube, "auth"), "Degraded").get("status") == "False"
+        return pods if ok and len(pods) == 2 else None
+    pods = await eventually(healed)
     for pod in pods:  # serving and warm alike
         env = pod["spec"]["containers"][0]["env"]
         assert {"name": "PREHEAT_API_KEY", "valueFrom": {"secretKeyRef": {
             "name": "llm-key", "key": "token"}}} in env
-        assert "s3cret" not in repr(pod)
-
+    assert len(await events_with(kube, "SecretNotFound")) == 1  # once, not once per pass
