@@ -1,16 +1,15 @@
 """Issue 13 point 5, the pure parts: whose object is it (never adopt a foreign Service, HPA,
-claim or budget), whether an API key Secret can be handed to the engines, and how the pods
-get it. No cluster: the decisions are functions of the objects as the API returns them."""
+claim or budget), and how the pods get the API key. No cluster: the decisions are
+functions of the objects as the API returns them. (Whether the Secret exists is read off
+the pods, never the Secret: tests/operator/test_network_policy_and_secrets.py.)"""
 
 from __future__ import annotations
 
-import base64
 from typing import Any
 
 import pytest
 
 from preheat.operator import render
-from preheat.operator.api_key import api_key_problem
 from preheat.operator.ownership import Ownership, conflict, ownership
 from preheat.operator.spec import SecretKeyRef, SpecError, parse_spec
 
@@ -78,30 +77,7 @@ def test_a_conflict_names_the_object_and_its_owner(kind, reason, blocks):
     assert "it has no owner reference" in bare.message
 
 
-def secret(**data: str) -> dict[str, Any]:
-    return {"metadata": {"name": "llm-key"},
-            "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()}}
-
-
 REF = SecretKeyRef("llm-key", "token")
-
-
-def test_an_api_key_secret_is_checked_before_any_pod_needs_it():
-    assert api_key_problem(REF, secret(token="s3cret")) is None
-    reason, message = api_key_problem(REF, None)
-    assert reason == "ApiKeySecretNotFound"
-    assert "Secret 'llm-key' (spec.engine.apiKeySecretRef) not found" in message
-    reason, message = api_key_problem(REF, secret(other="x", more="y"))
-    assert reason == "ApiKeySecretKeyNotFound"
-    assert "no key 'token'" in message and "keys: more, other" in message
-    # The engine refuses an empty key at start-up: a pod with one would crash-loop.
-    for empty in ("", "  \n"):
-        reason, message = api_key_problem(REF, secret(token=empty))
-        assert reason == "ApiKeyEmpty" and "'token'" in message
-    # stringData (what a manifest may carry; a real server turns it into data) counts too.
-    assert api_key_problem(REF, {"stringData": {"token": "abc"}}) is None
-    # The value never appears in what is reported.
-    assert "s3cret" not in repr(api_key_problem(REF, secret(tokn="s3cret")))
 
 
 def spec_with(**engine: Any) -> Any:
