@@ -10,6 +10,7 @@ follow, so every rank issues the same collectives in the same order.
 from __future__ import annotations
 
 import logging
+import os
 from datetime import timedelta
 from typing import Any
 
@@ -17,6 +18,9 @@ import torch
 import torch.distributed as dist
 
 from preheat.engine.distributed.messages import HEADER, MIN_CAPACITY, Op, frame, grown_capacity, unframe
+
+# Which interface the collectives' sockets bind: set to loopback unless the operator chose one.
+LOOPBACK_ENV = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +59,10 @@ class Comm:
 
     @staticmethod
     def init(store: Any, rank: int, size: int, device: torch.device, timeout_s: float) -> Comm:
+        # The ranks are processes of one pod: their sockets stay on the loopback interface
+        # (gloo's pairs, NCCL's bootstrap), never reachable from the pod network.
+        for var in LOOPBACK_ENV:
+            os.environ.setdefault(var, "lo")
         dist.init_process_group(
             backend_for(device), store=store, rank=rank, world_size=size, timeout=timedelta(seconds=timeout_s),
             **({"device_id": device} if device.type == "cuda" else {}),

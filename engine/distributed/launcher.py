@@ -4,9 +4,12 @@ stop them.
 The workers are `python -m preheat.engine.distributed.worker` processes (one per rank
 1..N-1), started before rank 0 loads the checkpoint so their start-up overlaps it; they read
 a Hugging Face directory themselves and, for a GGUF, wait until rank 0 has converted it once
-into the weight cache, then read that. They meet rank 0 through a TCPStore on
-127.0.0.1 (a free port chosen by the OS); settings travel as JSON through the store and the
-command line, never pickled.
+into the weight cache, then read that. They meet rank 0 through a FileStore in a private
+temp directory (mode 0700): a TCPStore listens on every interface whatever host it is
+given, with no authentication, so anyone who reaches the pod could join or poison the
+rendezvous. The collectives' own sockets (gloo, NCCL's bootstrap) are held to the loopback
+interface (comm.py). Settings travel as JSON through the store and the command line,
+never pickled.
 
 Lifetimes are tied to rank 0 three ways: each worker holds the read end of a pipe whose
 write end only rank 0 holds, and exits when it reads EOF (rank 0 gone, however it died);
@@ -23,8 +26,10 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -98,8 +103,10 @@ class TensorParallel:
         return tp
 
     def _spawn(self, config: Any, dtype: torch.dtype, weights_dir: str | None) -> None:
-        self._store = dist.TCPStore("127.0.0.1", 0, self.size, True, timeout=timedelta(seconds=STARTUP_TIMEOUT_S),
-                                    wait_for_workers=False)  # fmt: skip
+        self._store_dir = tempfile.mkdtemp(prefix="preheat-tp-")  # 0700: this user only
+        store_path = os.path.join(self._store_dir, "store")
+        self._store = dist.FileStore(store_path, self.size)
+        self._store.set_timeout(timedelta(seconds=STARTUP_TIMEOUT_S))
         read_end, self._lifeline = os.pipe()
         model = {
             "weights_dir": weights_dir,  # None: ask the store once rank 0 has loaded
@@ -111,7 +118,7 @@ class TensorParallel:
         try:
             for rank in range(1, self.size):
                 args = {
-                    "rank": rank, "size": self.size, "port": self._store.port, "lifeline_fd": read_end,
+                    "rank": rank, "size": self.size, "store_path": store_path, "lifeline_fd": read_end,
                     "device": str(device_for_rank(self.device, rank)), "model": model,
                     "log_level": config.log_level, "timeout_s": COLLECTIVE_TIMEOUT_S,
                 }  # fmt: skip
@@ -265,6 +272,9 @@ class TensorParallel:
         if self.comm is not None:
             self.comm.close()
         self._store = None
+        if getattr(self, "_store_dir", None):
+            shutil.rmtree(self._store_dir, ignore_errors=True)
+            self._store_dir = None
         with contextlib.suppress(Exception):
             atexit.unregister(self.close)
         log.info("tensor parallel: workers stopped")

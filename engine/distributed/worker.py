@@ -76,7 +76,8 @@ def run(args: dict[str, Any]) -> None:
         torch.cuda.set_device(device)
     else:  # the ranks share the host's cores
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // size))
-    store = dist.TCPStore("127.0.0.1", int(args["port"]), size, False, timeout=timedelta(seconds=args["timeout_s"]))
+    store = dist.FileStore(str(args["store_path"]), size)  # launcher.py: never a TCP listener
+    store.set_timeout(timedelta(seconds=args["timeout_s"]))
     model_args = dict(args["model"])
     if not model_args.get("weights_dir"):  # a GGUF: rank 0 converts it, then says where to
         model_args.update(json.loads(store.get(STORE_PREFIX + "weights")))

@@ -125,3 +125,36 @@ def test_snapshots_hold_every_kv_head_and_restore_across_sizes(tp2, replicated_k
     assert tp2.engine.import_prefixes(loaded.records) > 0
     result = tp2.generate([third], GREEDY)[0]
     assert result.cached_tokens >= 16 and [result.token_ids] == want_third
+
+
+def _listening(pid: int) -> list[str]:
+    """The local addresses of the TCP sockets process `pid` listens on (from /proc)."""
+    import os
+
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in open(table).read().splitlines()[1:]:
+            cols = line.split()
+            if cols[3] == "0A" and cols[9] in inodes:  # 0A: LISTEN
+                found.append(cols[1])
+    return found
+
+
+def test_the_rendezvous_and_collectives_listen_on_loopback_only(tp2):
+    """A TCPStore listens on every interface (no auth): anyone who reaches the pod could
+    join the rendezvous. The ranks meet through a file store, and gloo's sockets bind lo."""
+    import os
+
+    loopback = ("0100007F", "00000000000000000000000001000000")  # 127.0.0.1, ::1 (little-endian words)
+    for pid in [os.getpid(), *(p.pid for p in tp2.engine.tp.procs)]:
+        listening = _listening(pid)
+        assert all(addr.split(":")[0] in loopback for addr in listening), (pid, listening)
+    assert os.environ.get("GLOO_SOCKET_IFNAME") == "lo"
