@@ -110,12 +110,18 @@ class Snapshotter:
         """The peer keys now (re-read as the mounted Secret changes), None without a secret."""
         return self.peer_secret.keys() if self.peer_secret is not None else None
 
-    def byte_budget(self) -> int | None:
-        """Pruning's budget: --snapshot-max-bytes when set, else what the directory's
-        volume can hold beyond a tenth kept free (for the write in progress and whatever
-        else shares it: weights, downloads)."""
+    def snapshot_bytes(self, fingerprint: dict) -> int:
+        """The most one snapshot takes: max tokens of KV (plus its manifest, small)."""
+        return self.max_tokens * kv_bytes_per_token(fingerprint)
+
+    def byte_budget(self, fingerprint: dict | None = None) -> int | None:
+        """Pruning's budget: --snapshot-max-bytes less room for the next write and a
+        fetched snapshot when set (an emptyDir's sizeLimit: exceeding it evicts the pod),
+        else what the directory's volume can hold beyond a tenth kept free (for the write
+        in progress and whatever else shares it: weights, downloads)."""
         if self.max_bytes is not None:
-            return self.max_bytes
+            reserve = 2 * self.snapshot_bytes(fingerprint) if fingerprint else 0
+            return max(0, self.max_bytes - reserve)
         try:
             st = os.statvfs(self.directory)
         except OSError:
@@ -138,6 +144,7 @@ class Snapshotter:
         try:
             pool_tokens = engine.pool.capacity_pages * engine.pool.page_size
             budget = restore_budget(self.max_tokens, pool_tokens)
+            self.check_size(engine.fingerprint)
             keys = self.keys()
             if keys is None:
                 log.info("snapshot: no --peer-secret-file: trusting every snapshot in %s as "
@@ -174,6 +181,22 @@ class Snapshotter:
         self.metrics.snapshot_restore_seconds.set(took)
         self._restored = True
         return tokens
+
+    def check_size(self, fingerprint: dict) -> bool:
+        """Whether --snapshot-max-bytes holds what the snapshots need: DEFAULT_KEEP kept, one
+        being written, one fetched. Logged when not (pruning then keeps fewer)."""
+        from preheat.engine.kv.snapshot import DEFAULT_KEEP
+
+        if self.max_bytes is None:
+            return True
+        need = (DEFAULT_KEEP + 2) * self.snapshot_bytes(fingerprint)
+        if need > self.max_bytes:
+            log.warning("snapshot: %s holds %d bytes but %d snapshots of up to %d bytes need %d "
+                        "(bytes per token x --snapshot-max-tokens x (keep + 2)); fewer are kept. "
+                        "Raise spec.snapshot.size or lower --snapshot-max-tokens", self.directory,
+                        self.max_bytes, DEFAULT_KEEP + 2, self.snapshot_bytes(fingerprint), need)
+            return False
+        return True
 
     def _unpin_foreign(self, result: Any) -> None:
         """Pinned prefixes are never evicted: only this pod's own earlier run (same writer)
@@ -252,7 +275,7 @@ class Snapshotter:
             return SavedSnapshot(None, 0, 0, time.monotonic() - started)
         path = save_snapshot(self.directory, engine.fingerprint, records, self.writer,
                              sharding=getattr(engine, "sharding", None), keys=self.keys(),
-                             max_bytes=self.byte_budget())
+                             max_bytes=self.byte_budget(engine.fingerprint))
         tokens = sum(r.stored_tokens for r in records)
         took = time.monotonic() - started
         self.write_bytes_per_s = tokens * kv_bytes_per_token(engine.fingerprint) / max(took, 1e-3)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from preheat.operator import peer_secret
+from preheat.operator.quantity import parse_quantity
 from preheat.operator.resources import (
     API_VERSION,
     KIND,
@@ -165,6 +166,11 @@ def _engine_env(name: str, spec: ServiceSpec) -> list[dict[str, Any]]:
         env["PREHEAT_SNAPSHOT_DIR"] = SNAPSHOT_DIR
         env["PREHEAT_SNAPSHOT_INTERVAL"] = str(spec.snapshot.interval_seconds)
         env["PREHEAT_SHUTDOWN_SNAPSHOT_TIMEOUT"] = str(budget.snapshot)
+        if not spec.snapshot.shared:
+            # The emptyDir's sizeLimit is invisible to statvfs (it shows the node's disk):
+            # the engine prunes to it, leaving room for a write and a fetch. A shared claim
+            # is pruned to its free space instead, which counts the weights on it too.
+            env["PREHEAT_SNAPSHOT_MAX_BYTES"] = str(int(parse_quantity(spec.snapshot.size)))
         if spec.snapshot.peer_fetch:
             env["PREHEAT_SNAPSHOT_PEER_URL"] = peer_url(name)
     ours: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in env.items()]

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 from preheat.engine.kv.snapshot import list_snapshots, save_snapshot
 from preheat.engine.metrics import Metrics
-from preheat.engine.snapshotter import Snapshotter, restore_budget
+from preheat.engine.snapshotter import Snapshotter, kv_bytes_per_token, restore_budget
 
 from .snapshot_helpers import fingerprint, record
 
@@ -134,3 +134,15 @@ def test_the_shutdown_save_waits_a_bounded_time_for_a_running_save(tmp_path, cap
     s._lock.release()
     s.save_at_shutdown(ae)
     assert len(calls) == 1 and 0 < calls[0] <= 1024
+
+
+def test_an_emptydir_budget_leaves_room_for_a_write_and_a_fetch_and_says_when_too_small(tmp_path, caplog):
+    per = kv_bytes_per_token(fingerprint())
+    saver = Snapshotter(str(tmp_path), 1024, 0, Metrics(), max_bytes=10 * 1024 * per)
+    assert saver.byte_budget(fingerprint()) == 8 * 1024 * per  # two snapshots' room kept free
+    assert saver.check_size(fingerprint())  # keep 3 + write + fetch = 5 of 10
+    small = Snapshotter(str(tmp_path), 1024, 0, Metrics(), max_bytes=4 * 1024 * per)
+    with caplog.at_level("WARNING"):
+        assert not small.check_size(fingerprint())
+    assert "x (keep + 2)" in caplog.text
+    assert Snapshotter(str(tmp_path), 1024, 0, Metrics()).check_size(fingerprint())  # the volume decides
