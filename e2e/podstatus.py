@@ -125,7 +125,9 @@ def _essence(st: Mapping[str, Any]) -> Any:
     """What a change is made of, without timestamps."""
     conds = {c.get("type"): c.get("status") for c in st.get("conditions") or []}
     containers = [(c.get("ready"), c.get("restartCount"), sorted((c.get("state") or {}).keys()),
-                   ((c.get("lastState") or {}).get("terminated") or {}).get("message"))
+                   ((c.get("lastState") or {}).get("terminated") or {}).get("message"),
+                   ((c.get("state") or {}).get("waiting") or {}).get("reason"),
+                   ((c.get("state") or {}).get("waiting") or {}).get("message"))
                   for c in st.get("containerStatuses") or []]
     return (st.get("phase"), st.get("podIP"), st.get("reason"),
             conds.get("ContainersReady"), conds.get("Ready"), containers)

@@ -141,3 +141,73 @@ async def test_a_pod_created_while_the_housekeeping_list_is_in_flight_still_runs
 
 async def _running(kubelet: LocalKubelet, name: str) -> bool:
     return any(rt.name == name and not rt.stop.is_set() for rt in kubelet.pods.values())
+
+
+# A container that serves the content of the file PREHEAT_SECRET_FILE as /ready's body.
+ECHO_FILE = """
+import http.server, os
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = open(os.environ["PREHEAT_SECRET_FILE"], "rb").read()
+        self.send_response(200); self.end_headers(); self.wfile.write(body)
+    def log_message(self, *a): pass
+http.server.HTTPServer((os.environ["PREHEAT_HOST"], int(os.environ["PREHEAT_PORT"])), H).serve_forever()
+"""
+
+
+def secret_pod(name: str) -> dict:
+    pod = gated_pod(name)
+    pod["spec"].pop("readinessGates")
+    pod["spec"]["volumes"] = [{"name": "peer", "secret": {"secretName": "peer", "defaultMode": 0o440}}]
+    [c] = pod["spec"]["containers"]
+    c["volumeMounts"] = [{"name": "peer", "mountPath": "/etc/peer", "readOnly": True}]
+    c["env"] = [{"name": "PREHEAT_SECRET_FILE", "value": "/etc/peer/current"},
+                {"name": "API_KEY", "valueFrom": {"secretKeyRef": {"name": "api", "key": "token"}}}]
+    return pod
+
+
+async def test_a_missing_secret_keeps_the_container_waiting_as_kubelet_says_it(tmp_path):
+    """As a kubelet does: an env secretKeyRef to a missing Secret leaves the container Waiting,
+    reason CreateContainerConfigError, message `secret "api" not found` (kubelet_pods.go);
+    a Secret without the key, `couldn't find key token in Secret default/api`; a Secret
+    volume is mounted as one file per key."""
+    import base64
+
+    async with KubeAPIServer() as api, kmock.Server(api) as server:
+        url = str(server.url).rstrip("/")
+        user = httpx.AsyncClient(base_url=url, timeout=10)
+        b64 = lambda v: base64.b64encode(v.encode()).decode()  # noqa: E731
+        secrets = f"/api/v1/namespaces/{NS}/secrets"
+        await user.post(secrets, json={"metadata": {"name": "peer"}, "data": {"current": b64("k" * 32)}})
+        async with LocalKubelet(url, NS, tmp_path,
+                                commands={"preheat": [sys.executable, "-c", ECHO_FILE]}) as kubelet:
+            try:
+                await user.post(f"/api/v1/namespaces/{NS}/pods", json=secret_pod("s"))
+
+                def waiting_with(message: str):
+                    async def check():
+                        pod = (await user.get(f"/api/v1/namespaces/{NS}/pods/s")).json()
+                        [c] = (pod.get("status") or {}).get("containerStatuses") or [{}]
+                        waiting = (c.get("state") or {}).get("waiting") or {}
+                        assert waiting == {"reason": "CreateContainerConfigError", "message": message}, c
+                        return True
+                    return check
+                await eventually(waiting_with('secret "api" not found'), 30, interval=0.05)
+                await user.post(secrets, json={"metadata": {"name": "api"}, "data": {"other": b64("x")}})
+                await eventually(waiting_with(f"couldn't find key token in Secret {NS}/api"), 30,
+                                 interval=0.05)
+                await user.patch(f"{secrets}/api", json={"data": {"token": b64("t")}})
+
+                async def serving_the_mounted_secret():
+                    rt = next(r for r in kubelet.pods.values() if r.name == "s")
+                    assert rt.ip is not None and rt.port is not None
+                    try:
+                        r = httpx.get(f"http://{rt.ip}:{rt.port}/ready", timeout=5)
+                    except httpx.TransportError as e:
+                        raise AssertionError(f"not listening yet: {e}") from None
+                    assert r.text == "k" * 32
+                    return True
+                await eventually(serving_the_mounted_secret, 30, interval=0.1)
+            finally:
+                await user.delete(f"/api/v1/namespaces/{NS}/pods/s")
+                await user.aclose()
