@@ -11,6 +11,7 @@ from e2e import scenario
 from e2e.local_cluster import local_cluster
 from e2e.manifests import WARMUP_TEMPLATE
 from e2e.waiting import eventually
+from preheat.operator.resources import NETWORK_POLICIES
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 SERVICE = "chat"
@@ -44,7 +45,15 @@ async def test_inference_service_end_to_end_on_one_machine(tmp_path):
                 # The key reaches the engine from the Secret, never through the pod spec.
                 assert env["PREHEAT_API_KEY"] == API_KEY and API_KEY not in repr(rt.pod)
                 assert rt.pod["status"]["podIP"] == rt.ip
+                # The service's peer secret (made once by the operator, which never reads
+                # it back) is a file: what /admin/* asks for and what signs snapshots.
+                peer_dir = rt.plan.mounts["/etc/preheat/peer-secret"]
+                assert env["PREHEAT_PEER_SECRET_FILE"] == str(peer_dir)
+                peer_key = (peer_dir / "current").read_text()
+                assert len(peer_key) == 64 and peer_key not in repr(rt.pod) and peer_key != API_KEY
             assert len({rt.ip for rt in runtimes}) == 2
+            for policy in ("chat-engines", "chat-router"):  # one pair per InferenceService
+                assert await cluster.kube.get(NETWORK_POLICIES, cluster.namespace, policy), policy
             # Spread: the serving and the warm pod run on different nodes.
             assert len({rt.node for rt in runtimes}) == 2
 
@@ -68,10 +77,13 @@ async def test_inference_service_end_to_end_on_one_machine(tmp_path):
                 [(rt.name, rt.exit_codes) for rt in finished]
             # Each engine persisted its hot prefixes into its own snapshot directory (DESIGN.md:
             # snapshot on SIGTERM), and every pod after the first fetched one from a serving
-            # peer through the Service before it turned ready (sending the API key: the
-            # peer route asks for it like the rest of the API).
+            # peer through the Service before it turned ready (sending the peer secret: the
+            # peer route answers nothing else, the clients' API key least of all), and
+            # every snapshot carries its HMAC.
             own_dirs = [rt.plan.mounts["/var/lib/preheat/snapshots"] for rt in finished if rt.plan]
             assert any(list(d.glob("*/manifest.json")) for d in own_dirs), own_dirs
+            assert all((m.parent / "manifest.hmac").exists() for d in own_dirs
+                       for m in d.glob("*/manifest.json"))
             logs = "".join(p.read_text(errors="replace") for rt in finished for p in rt.logs)
             assert "snapshot: fetched" in logs
         except BaseException:
