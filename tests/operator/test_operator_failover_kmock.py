@@ -22,7 +22,7 @@ from test_operator_kmock import (
 )
 
 from preheat.operator.kube import Kube
-from preheat.operator.resources import INFERENCE_SERVICES, PVCS
+from preheat.operator.resources import INFERENCE_SERVICES, PVCS, SECRETS
 
 
 async def status_of(kube: Kube, name: str) -> dict[str, Any]:
@@ -172,6 +172,12 @@ async def test_a_retained_claim_outlives_its_service(cluster: Kube):
         return await kube.get(PVCS, NS, "keep-snapshots")
     made = await eventually(claim)
     assert not made["metadata"].get("ownerReferences")
+    # The peer secret that signs the snapshots lives with the claim, not the service.
+    async def peer_secret():
+        return await kube.get(SECRETS, NS, "keep-peer")
+    secret = await eventually(peer_secret)
+    assert [(r["kind"], r["uid"]) for r in secret["metadata"]["ownerReferences"]] == \
+        [("PersistentVolumeClaim", made["metadata"]["uid"])]
     await kube.delete(INFERENCE_SERVICES, NS, "keep")
 
     async def pods_gone():
@@ -179,6 +185,8 @@ async def test_a_retained_claim_outlives_its_service(cluster: Kube):
             not await pods_of(kube, "keep")
     await eventually(pods_gone)
     assert await kube.get(PVCS, NS, "keep-snapshots") is not None
+    kept = await kube.get(SECRETS, NS, "keep-peer")
+    assert kept is not None and kept["data"] == secret["data"]
     # Turning retention off on a new service of that name hands the claim back to it.
     created = await kube.create(INFERENCE_SERVICES, NS, sample(
         "keep", snapshot={"storage": "SharedVolume", "retainOnDelete": False}))
@@ -188,3 +196,7 @@ async def test_a_retained_claim_outlives_its_service(cluster: Kube):
         return [r["uid"] for r in c["metadata"].get("ownerReferences") or []] == \
             [created["metadata"]["uid"]]
     await eventually(owned)
+    # ... and the same peer secret: its snapshots still verify (created once, a 409 since).
+    again = await kube.get(SECRETS, NS, "keep-peer")
+    assert (again["metadata"]["uid"], again["data"]) == (secret["metadata"]["uid"], secret["data"])
+
