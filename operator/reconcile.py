@@ -329,6 +329,8 @@ async def reconcile(kube: Kube, namespace: str, name: str, events: EventSink,
         template_hash = render.template_hash(render.pod_spec(name, spec))
 
         async def ensure_children() -> None:
+            if spec.snapshot.enabled and claim.conflict is None:
+                await _ensure_peer_secret(kube, name, namespace, uid, claim.claim)
             found = [await _ensure_service(kube, name, namespace, uid),
                      await _ensure_autoscaler(kube, name, namespace, uid, spec),
                      await _ensure_disruption_budget(kube, name, namespace, uid, spec)]
@@ -346,10 +348,9 @@ async def reconcile(kube: Kube, namespace: str, name: str, events: EventSink,
             cached = await _ensure_claim(kube, name, namespace, uid, cache_claim)
             if cached.conflict is not None:
                 conflicts.append(cached.conflict)
-        if spec.snapshot.enabled and claim.conflict is None:
-            await _ensure_peer_secret(kube, name, namespace, uid, claim.claim)
-        # The first pods need the Service (their peer URL); once pods exist, acting on them
-        # comes first: a failover must not wait for three other API calls.
+        # The first pods need the Service (their peer URL) and the peer secret (a volume);
+        # once pods exist, acting on them comes first: a failover must not wait for other
+        # API calls.
         if not pods:
             await ensure_children()
         if spec.warmup_templates and \
