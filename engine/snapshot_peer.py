@@ -90,10 +90,11 @@ def pick_or_save(snapshotter: Any, aengine: Any, max_age: float,
     """The newest snapshot on disk if young enough and signed by this service, else a fresh
     one (blocking: run it in a thread). None when nothing is cached and nothing was ever
     saved. Only a snapshot this service signed is ever handed on."""
-    from preheat.engine.kv.snapshot import list_snapshots
+    from preheat.engine.kv.snapshot import MAX_RESTORE_CANDIDATES, list_snapshots
 
     keys = snapshotter.keys()
-    existing = [p for p in list_snapshots(snapshotter.directory)[:4] if _signed(p, keys)]
+    newest = list_snapshots(snapshotter.directory)[:MAX_RESTORE_CANDIDATES]
+    existing = [p for p in newest if _signed(p, keys)]
     if existing:
         created = created_seconds(existing[0].name)
         if created is not None and now() - created <= max(max_age, MIN_SAVE_INTERVAL_S):
@@ -219,7 +220,7 @@ def fetch_latest(peer_url: str, directory: str | os.PathLike, *, keys: PeerKeys 
 
 async def _fetch(peer_url: str, root: Path, keys: PeerKeys | None, timeout: float,
                  max_bytes: int, took: Callable[[], float]) -> PeerFetch:
-    from preheat.engine.kv.snapshot import is_snapshot_name
+    from preheat.engine.kv.snapshot import is_snapshot_file_name, is_snapshot_name
 
     headers = {"Authorization": f"Bearer {keys.current.decode()}"} if keys else {}
     url = peer_url.rstrip("/") + PATH
@@ -240,8 +241,6 @@ async def _fetch(peer_url: str, root: Path, keys: PeerKeys | None, timeout: floa
             root.mkdir(parents=True, exist_ok=True)
             tmp = root / f".tmp-peer-{secrets.token_hex(4)}"
             tmp.mkdir()
-            from preheat.engine.kv.snapshot import is_snapshot_file_name
-
             extractor = Extractor(tmp, is_snapshot_file_name, max_bytes)
             async for chunk in resp.aiter_raw(CHUNK):
                 extractor.feed(chunk)
