@@ -70,8 +70,7 @@ async def serve(config: EngineConfig, warm: WarmStart | None = None) -> int:
         timeout_graceful_shutdown=5,
         lifespan="off",
         http=guarded_protocol(config.http_header_timeout),
-        timeout_keep_alive=5,
-        h11_max_incomplete_event_size=64 * 1024,  # the request line and headers
+        timeout_keep_alive=5,  # h11 keeps its own 16 KiB cap on a request's line and headers
     )
     server = DrainingServer(uv_config, lifecycle)
 
