@@ -274,3 +274,21 @@ def test_a_full_request_limit_is_503_for_requests_but_never_for_probes():
         while httpx.get(f"http://{host}/v1/models").status_code != 200:  # freed again
             assert time.monotonic() < deadline
             time.sleep(0.05)
+
+
+def test_an_unusable_peer_secret_stops_serve_before_anything_loads(tmp_path):
+    """A peer secret that cannot be read (or is too short to be one) is a configuration
+    error: `preheat serve` says so and exits 2, rather than serving /admin/* unguarded."""
+    import subprocess
+    import sys
+
+    from preheat.engine.config import ConfigError
+
+    with pytest.raises(ConfigError, match="--peer-secret-file"):
+        EngineConfig(peer_secret_file=" ")
+    weak = tmp_path / "weak"
+    weak.write_text("short\n")
+    for path, words in ((tmp_path / "absent", "cannot read"), (weak, "shorter than")):
+        run = subprocess.run([sys.executable, "-m", "preheat", "serve", "--peer-secret-file", str(path)],
+                             capture_output=True, text=True, timeout=120)
+        assert run.returncode == 2 and "--peer-secret-file" in run.stderr and words in run.stderr, run.stderr
