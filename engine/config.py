@@ -210,6 +210,12 @@ class EngineConfig:
         None,
         min=1,
     )
+    snapshot_restore_candidates: int = _opt(
+        "Most snapshots one restore reads (newest first) before warming cold: each refused one "
+        "costs a read, and a volume others can write may hold many.",
+        4,
+        min=1,
+    )
     snapshot_peer_url: str | None = _opt(
         "Base URL of a peer engine (normally the headless Service of the serving pods) to "
         "fetch the newest snapshot from before restoring; needs --peer-secret-file (sent as "

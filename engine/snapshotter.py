@@ -85,7 +85,8 @@ class Snapshotter:
     def __init__(self, directory: str, max_tokens: int, interval: float, metrics: Any,
                  writer: str | None = None, *, peer_url: str | None = None,
                  peer_secret: Any = None, peer_timeout: float = 60.0,
-                 shutdown_timeout: float | None = None, max_bytes: int | None = None) -> None:
+                 shutdown_timeout: float | None = None, max_bytes: int | None = None,
+                 max_candidates: int = 4) -> None:
         """`peer_secret` (engine/peer_secret.PeerSecret, or anything with `keys()`): sign
         every save, restore only what verifies, authenticate to the peer. None: a
         standalone engine that trusts its own directory. `max_bytes`: what the directory
@@ -100,6 +101,7 @@ class Snapshotter:
         self.peer_timeout = peer_timeout
         self.shutdown_timeout = shutdown_timeout
         self.max_bytes = max_bytes
+        self.max_candidates = max_candidates  # snapshots one restore reads at most
         self.write_bytes_per_s: float | None = None  # measured by the last save
         self._last_forced: float | None = None  # monotonic time of the last forced save
         self._lock = threading.Lock()  # one save at a time per process
@@ -155,7 +157,8 @@ class Snapshotter:
                             "answers /admin/* only to it); not fetching")
             elif self.peer_url:
                 fetched = self.fetch_from_peer(engine.fingerprint)
-            result = load_latest_snapshot(self.directory, engine.fingerprint, budget, keys=keys)
+            result = load_latest_snapshot(self.directory, engine.fingerprint, budget, keys=keys,
+                                          max_candidates=self.max_candidates)
             for rejection in result.rejected:  # each one is logged by load_latest_snapshot
                 self.metrics.snapshot_rejected.labels(reason=rejection.reason).inc()
                 if fetched is not None and fetched.path is not None and \

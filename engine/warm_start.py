@@ -120,5 +120,6 @@ def build_warm_start(config: EngineConfig, metrics: Any) -> WarmStart:
                                      peer_secret=ws.peer_secret,
                                      peer_timeout=config.snapshot_peer_timeout,
                                      shutdown_timeout=config.shutdown_snapshot_timeout,
-                                     max_bytes=config.snapshot_max_bytes)
+                                     max_bytes=config.snapshot_max_bytes,
+                                     max_candidates=config.snapshot_restore_candidates)
     return ws

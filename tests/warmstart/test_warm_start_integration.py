@@ -143,7 +143,9 @@ def second(tmp_path_factory, first) -> SecondWave:
     servers = [
         start(tmp, *shared, name="restarted", env={"HOSTNAME": "writer-a"}),
         start(tmp, *shared, name="twin", env={"HOSTNAME": "writer-b"}),
-        start(tmp, "--snapshot-dir", str(bad_dir), name="refusing", peer=False),
+        # Every damage is read before the good copy: more candidates than the default 4.
+        start(tmp, "--snapshot-dir", str(bad_dir), "--snapshot-restore-candidates", "16",
+              name="refusing", peer=False),
     ]
     try:
         for s in servers:
