@@ -6,11 +6,10 @@ the configured clients, on the engine port only."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
-
-import os
 
 import kubernetes_validate
 import pytest

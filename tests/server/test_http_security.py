@@ -205,7 +205,7 @@ def closed_by_server(sock: socket.socket, keep_sending: bytes, rounds: int = 400
         try:
             if sock.recv(1024) == b"":
                 return i
-        except (socket.timeout, TimeoutError):
+        except TimeoutError:
             pass
         except ConnectionResetError:
             return i
