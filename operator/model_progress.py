@@ -10,12 +10,13 @@ service whose model is downloaded (spec.model.uri hub or S3): no HTTP otherwise.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import httpx
 
-from preheat.operator.scrape import metrics_url
+from preheat.operator.scrape import metrics_url, read_capped
 
 TIMEOUT_S = 1.0
 RECHECK_S = 3.0  # how often the status follows a download in progress
@@ -36,8 +37,10 @@ def candidates(pods: Sequence[Mapping[str, Any]]) -> dict[str, str]:
 
 async def _one(client: httpx.AsyncClient, url: str) -> dict[str, Any] | None:
     try:
-        body = (await client.get(url, timeout=TIMEOUT_S)).json()
-    except (httpx.HTTPError, ValueError):
+        # Streamed, at most 1 MiB within the timeout (scrape.read_capped): the pod's image
+        # is the CR author's choice, and the operator serves every service.
+        body = json.loads(await read_capped(client, url, TIMEOUT_S))
+    except (httpx.HTTPError, ValueError, asyncio.TimeoutError):
         return None
     return body if isinstance(body, dict) and body.get("phase") == "downloading" else None
 
