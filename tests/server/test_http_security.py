@@ -64,7 +64,7 @@ def bearer(token) -> dict[str, str]:
 
 
 def test_routes_are_open_peer_or_client_and_anything_new_is_client():
-    assert OPEN_ROUTES == {"/health", "/ready", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect"}
+    assert OPEN_ROUTES == {"/health", "/ready", "/health_generate", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect"}
     assert [route_kind(p) for p in ("/health", "/admin", "/admin/snapshot/latest", "/v1/models",
                                     "/generate", "/admin2", "/healthz")] == \
         ["open", "peer", "peer", "client", "client", "client", "client"]
