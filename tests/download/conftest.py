@@ -3,25 +3,15 @@ stand-ins, on 127.0.0.1), serving the embedded SmolLM2 GGUF and a tiny safetenso
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
+from download_repos import GGUF_REPO, PRIVATE_REPO, TINY_REPO, TOKEN, embedded_gguf
 from standins.hub_server import HubStandIn
 from standins.s3_server import S3StandIn
 from tiny_models import build_tiny_model
 
-from preheat.engine.model.loader import DEFAULT_GGUF_NAME, DEFAULT_GGUF_PACKAGE
-
-GGUF_REPO = "test-org/smollm2-gguf"
-TINY_REPO = "test-org/tiny-llama"
-PRIVATE_REPO = "test-org/private-tiny"
-TOKEN = "hf_test_token"
-
-
-def embedded_gguf() -> Path:
-    folder = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE).submodule_search_locations[0]
-    return Path(folder) / DEFAULT_GGUF_NAME
+from preheat.engine.model.loader import DEFAULT_GGUF_NAME
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,7 @@ import threading
 import time
 
 import pytest
-from conftest import GGUF_REPO, PRIVATE_REPO, TINY_REPO, TOKEN
+from download_repos import GGUF_REPO, PRIVATE_REPO, TINY_REPO, TOKEN
 
 from preheat.engine.model.download import DownloadFailed, ModelUnavailable, Progress
 from preheat.engine.model.fetch import fetch_model

@@ -34,7 +34,7 @@ def test_folder_once_then_from_the_marker(s3_env, tiny_dir, tmp_path):
 def test_one_gguf_object_uploaded_in_parts_resumes(s3_env, tmp_path):
     """The GGUF is above boto3's multipart threshold: its ETag is not an MD5, so the size
     is the check. A partial file left by a killed process is continued, not restarted."""
-    from conftest import embedded_gguf
+    from download_repos import embedded_gguf
 
     source = embedded_gguf()
     target = tmp_path / "dl" / "s3" / "models" / "gguf" / DEFAULT_GGUF_NAME

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 
 import httpx
-from conftest import TINY_REPO
+from download_repos import TINY_REPO
 from serve_process import start
 
 FLAGS = ["--dtype", "float32", "--max-model-len", "64", "--max-total-tokens", "2048",
