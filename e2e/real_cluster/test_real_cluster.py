@@ -1,9 +1,11 @@
 """The e2e scenario on a real cluster (kind or any): set KUBECONFIG to run it.
 
-    KUBECONFIG=~/.kube/config E2E_ENGINE_IMAGE=ghcr.io/preheat/engine:0.1.0 \\
-        .venv/bin/python -m pytest -s e2e/real_cluster
+    KUBECONFIG=~/.kube/config E2E_NAMESPACE=e2e .venv/bin/python -m e2e --real-cluster
 
-The operator runs from this checkout as a local process; the engine pods run the image.
+The operator runs from this checkout as a local process; the engine pods run
+$E2E_ENGINE_IMAGE, by default the image `scripts/build-images` makes and docs/real-cluster.md
+loads into the nodes (the release name, ghcr.io/preheat/engine:0.1.0, is for a cluster that
+can pull it).
 """
 
 from __future__ import annotations
@@ -21,12 +23,13 @@ pytestmark = [
     pytest.mark.slow, pytest.mark.timeout(1800),
 ]
 SERVICE = "e2e-chat"
+LOCAL_ENGINE_IMAGE = "localhost/preheat-engine:dev"
 
 
 async def test_inference_service_end_to_end_on_a_real_cluster(tmp_path):
     from e2e.real_cluster.driver import RealCluster
 
-    image = os.environ.get("E2E_ENGINE_IMAGE", scenario.manifests.DEFAULT_IMAGE)
+    image = os.environ.get("E2E_ENGINE_IMAGE", LOCAL_ENGINE_IMAGE)
     t = scenario.Timings()
     async with RealCluster(os.environ.get("E2E_NAMESPACE", "default"), tmp_path) as cluster:
         try:
