@@ -68,6 +68,8 @@ class AsyncEngine:
         self._abort_pending = False
         # Run once, in order, after draining and before exit (e.g. persist the snapshot).
         self.on_shutdown: list[Callable[[AsyncEngine], Any]] = []
+        # Seconds each finished start-up step took, in order (engine/lifecycle.py): /ready shows them.
+        self.startup_steps: dict[str, float] = {}
         if engine is not None:
             self.attach(engine)
 

@@ -17,7 +17,7 @@ from preheat.engine.dtypes import MODEL_DTYPES
 from preheat.engine.tool_parsers import FORMATS
 
 DTYPES = ("auto", *MODEL_DTYPES)
-KV_CACHE_DTYPES = ("auto", "fp8_e4m3")
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")  # vLLM's spellings; fp8 = fp8_e4m3
 PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")
 SPECULATIVE_METHODS = ("ngram",)
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -195,6 +195,20 @@ class EngineConfig:
     # --- warm start ---
     warmup_templates: str | None = _opt(
         "Directory of warmup template YAML files to run before /ready turns 200."
+    )
+    skip_server_warmup: bool = _opt(
+        "Skip the built-in warmup (every captured CUDA-graph batch size, the prefill chunk "
+        "sizes, one JSON-schema and one tool-call grammar, sampling with and without "
+        "penalties) that runs before /ready; templates given with --warmup-templates still "
+        "run. SGLang's flag.",
+        False,
+    )
+    warmup_steps: int = _opt(
+        "Decode steps (max_tokens) of each warmup request: the built-in warmup's, and a "
+        "template's that sets no max_tokens.",
+        4,
+        min=1,
+        max=1024,
     )
     snapshot_dir: str | None = _opt(
         "Directory (shared by the service's pods) for hot-prefix KV snapshots."

@@ -13,6 +13,7 @@ import asyncio
 import dataclasses
 import inspect
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -73,10 +74,29 @@ def termination_message(e: BaseException) -> str:
     return f"{reason}: {e}"
 
 
-def default_engine_factory(config: EngineConfig) -> Any:
+def import_engine() -> Any:
+    """The engine's imports (torch, transformers, the kernels): their own start-up step, so
+    /ready and preheat_startup_step_seconds tell them apart from reading the weights."""
     from preheat.engine.engine import Engine
 
-    return Engine(config)
+    return Engine
+
+
+def default_engine_factory(config: EngineConfig) -> Any:
+    return import_engine()(config)
+
+
+def process_age_seconds() -> float | None:
+    """Seconds since this process started (Linux /proc), or None: what the interpreter and
+    the server's own imports took before the engine's steps began."""
+    try:
+        with open("/proc/self/stat") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 class Lifecycle:
@@ -93,17 +113,28 @@ class Lifecycle:
         self.engine_factory = engine_factory
         self.failed: BaseException | None = None
 
+    def _record(self, step: str, seconds: float) -> None:
+        self.aengine.metrics.startup_seconds.labels(step=step).observe(seconds)
+        self.aengine.startup_steps[step] = round(seconds, 3)
+
     async def start(self) -> bool:
         """Loads and warms the engine; returns False (and logs why) when it cannot serve."""
-        ae, metrics = self.aengine, self.aengine.metrics
+        ae = self.aengine
         began = time.monotonic()
         try:
+            age = process_age_seconds()
+            if age is not None:
+                self._record("process", age)  # interpreter + server imports, before this
             await self._download()
             ae.set_phase("loading")
             log.info("loading model %s", self.config.model or "(embedded SmolLM2-135M-Instruct)")
+            if self.engine_factory is default_engine_factory:
+                t = time.monotonic()
+                await in_daemon_thread(import_engine)
+                self._record("imports", time.monotonic() - t)
             t = time.monotonic()
             engine = await in_daemon_thread(self.engine_factory, self.config)
-            metrics.startup_seconds.labels(step="load").observe(time.monotonic() - t)
+            self._record("load", time.monotonic() - t)
             ae.attach(engine)
             ae.start(asyncio.get_running_loop())
             for step in self.steps:
@@ -117,7 +148,7 @@ class Lifecycle:
                 else:
                     await in_daemon_thread(step.run, ae)
                 took = time.monotonic() - t
-                metrics.startup_seconds.labels(step=step.name).observe(took)
+                self._record(step.name, took)
                 log.info("%s: %s done in %.2fs", step.phase, step.name, took)
         except Exception as e:
             self.failed = e
@@ -150,7 +181,7 @@ class Lifecycle:
                                              self.config.weight_cache_dir, progress)
         finally:
             ae.phase_detail = None
-        ae.metrics.startup_seconds.labels(step="download").observe(time.monotonic() - t)
+        self._record("download", time.monotonic() - t)
         log.info("model %s is at %s (%.1f MB fetched in %.1fs)", self.config.model, fetched.path,
                  progress.fetched / 1e6, time.monotonic() - t)
         self.config = dataclasses.replace(

@@ -126,7 +126,8 @@ def create_app(
     @app.get("/ready")
     async def ready() -> JSONResponse:
         body: dict[str, Any] = {"phase": aengine.phase, "model": serving.model_name,
-                                "in_flight": aengine.num_in_flight}
+                                "in_flight": aengine.num_in_flight,
+                                "startup_steps": dict(aengine.startup_steps)}
         if aengine.phase_detail is not None:  # e.g. downloading: bytes_done, bytes_total
             body.update(aengine.phase_detail())
         return JSONResponse(body, status_code=200 if aengine.is_ready else 503)

@@ -1,7 +1,8 @@
 """Wires warm start into `preheat serve`: which start-up steps run, what runs at shutdown.
 
-    loading -> restoring (snapshot, if --snapshot-dir) -> warming (templates, if
-    --warmup-templates) -> ready        ...        draining -> save snapshot -> exit
+    loading -> restoring (snapshot, if --snapshot-dir) -> warming (the built-in warmup,
+    unless --skip-server-warmup; then the templates, if --warmup-templates) -> ready
+    ...        draining -> save snapshot -> exit
 
 Templates are loaded and validated when the server is built, before the model loads: a bad
 template is an operator's configuration error, so `preheat serve` exits at once (status 2)
@@ -16,23 +17,27 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from preheat.engine.builtin_warmup import builtin_templates
 from preheat.engine.config import EngineConfig
 from preheat.engine.lifecycle import StartupStep
 from preheat.engine.peer_secret import PeerSecret
 from preheat.engine.snapshotter import Snapshotter
 from preheat.engine.warmup_runner import run_warmup
-from preheat.engine.warmup_templates import WarmupTemplate, build_plan, load_templates
+from preheat.engine.warmup_templates import DEFAULT_MAX_TOKENS, WarmupTemplate, build_plan, load_templates
 
 log = logging.getLogger(__name__)
 
 
 def plan_limits(engine: Any, max_tokens: int) -> dict[str, Any]:
     """build_plan's engine-dependent arguments. On CPU there are no captured batch sizes, so
-    the templates' own concurrency ladders decide."""
+    the templates' own concurrency ladders decide. `max_tokens` is the longest answer; a
+    staggered wave decodes up to one step more per batch size (hence the margin)."""
+    batch_sizes = list(getattr(engine, "cuda_graph_batch_sizes", None) or [])
+    margin = len(batch_sizes) + 16
     return {
-        "batch_sizes": list(getattr(engine, "cuda_graph_batch_sizes", None) or []),
+        "batch_sizes": batch_sizes,
         "max_concurrency": engine.config.max_num_seqs,
-        "max_prompt_tokens": max(1, int(engine.max_model_len) - max_tokens - 1),
+        "max_prompt_tokens": max(1, int(engine.max_model_len) - max_tokens - margin - 1),
     }
 
 
@@ -66,17 +71,28 @@ class WarmStart:
     templates: list[WarmupTemplate] = field(default_factory=list)
     snapshotter: Snapshotter | None = None
     peer_secret: PeerSecret | None = None  # --peer-secret-file: /admin/* and snapshot signing
+    builtin: bool = True  # the built-in warmup (off with --skip-server-warmup)
+    warmup_steps: int = DEFAULT_MAX_TOKENS
 
-    async def warm(self, aengine: Any) -> None:
-        """The "warming" StartupStep."""
+    async def _run(self, aengine: Any, templates: list[WarmupTemplate]) -> None:
         engine = aengine.engine
-        longest_answer = max((t.max_tokens for t in self.templates), default=1)
-        plan = build_plan(self.templates, **plan_limits(engine, longest_answer))
+        longest_answer = max((t.max_tokens or self.warmup_steps for t in templates), default=1)
+        plan = build_plan(templates, **plan_limits(engine, longest_answer),
+                          default_max_tokens=self.warmup_steps)
         if engine.cuda_graph_batch_sizes:
             log.info("warmup: replaying captured CUDA-graph batch sizes %s",
                      engine.cuda_graph_batch_sizes)
         await run_warmup(aengine, plan, aengine.metrics)
         await warm_streaming_response()
+
+    async def warm_builtin(self, aengine: Any) -> None:
+        """The "warmup" StartupStep: the built-in warmup (engine/builtin_warmup.py)."""
+        engine = aengine.engine
+        await self._run(aengine, builtin_templates(engine.chunked_prefill_size, engine.pool.page_size))
+
+    async def warm(self, aengine: Any) -> None:
+        """The "templates" StartupStep."""
+        await self._run(aengine, self.templates)
 
     @staticmethod
     def record_engine(aengine: Any) -> None:
@@ -93,6 +109,8 @@ class WarmStart:
         steps = [StartupStep("engine-facts", "loading", self.record_engine)]
         if self.snapshotter is not None:
             steps.append(StartupStep("snapshot", "restoring", self.snapshotter.restore_step))
+        if self.builtin:
+            steps.append(StartupStep("warmup", "warming", self.warm_builtin))
         if self.templates:
             steps.append(StartupStep("templates", "warming", self.warm))
         return steps
@@ -104,7 +122,7 @@ class WarmStart:
 def build_warm_start(config: EngineConfig, metrics: Any) -> WarmStart:
     """Raises TemplateError (one line per problem) when the template directory is invalid,
     PeerSecretError when --peer-secret-file holds no usable key."""
-    ws = WarmStart()
+    ws = WarmStart(builtin=not config.skip_server_warmup, warmup_steps=config.warmup_steps)
     if config.peer_secret_file:
         ws.peer_secret = PeerSecret(config.peer_secret_file)
         log.info("peer secret: %d key(s) from %s; /admin/* answers only it",

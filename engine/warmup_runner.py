@@ -119,9 +119,12 @@ def request_params(req: WarmupRequest, rendering: ToolRendering | None = None) -
     if plan is not None:
         assert rendering is not None, "a request with tools needs the engine's tool rendering"
         structured = tool_structured_output(plan, rendering.fmt, structured)
-    # A fixed seed: warmup is reproducible from one start to the next.
+    # A fixed seed: warmup is reproducible from one start to the next. ignore_eos: a request
+    # runs its planned decode steps (a staggered wave's batch sizes depend on it).
     return SamplingParams(max_tokens=req.max_tokens, temperature=req.temperature, seed=0,
-                          structured=structured)
+                          structured=structured, ignore_eos=True,
+                          presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
+                          repetition_penalty=req.repetition_penalty)
 
 
 # --------------------------------------------------------------------------- the report
@@ -134,6 +137,7 @@ class TemplateReport:
     pinned_tokens: int = 0
     requests: int = 0
     refused: int = 0
+    skipped: int = 0  # already warm (restored from a snapshot, grammar compiled): not run
     prompt_tokens: int = 0
     cached_tokens: int = 0
     kinds: Counter = field(default_factory=Counter)
@@ -150,6 +154,8 @@ class TemplateReport:
             f"concurrency {','.join(map(str, sorted(self.concurrency))) or '-'};",
             f"prompt tokens {self.prompt_tokens}, cached {self.cached_tokens}",
         ]
+        if self.skipped:
+            parts.append(f"; {self.skipped} skipped (already warm)")
         if self.refused:
             parts.append(f"; {self.refused} refused by the engine (see warnings)")
         return " ".join(parts)
@@ -198,6 +204,39 @@ async def _run_batch(aengine: Any, items: list[tuple[str, list[int], SamplingPar
     return [s if isinstance(s, ValueError) else next(finals) for s in streams]
 
 
+def cached_tokens(engine: Any, ids: list[int]) -> int:
+    """Tokens of `ids` the prefix cache holds, page-aligned (stepping thread; 0 without a
+    prefix cache)."""
+    kv = getattr(engine, "kv", None)
+    if kv is None or not ids:
+        return 0
+    return kv.peek_prefix([*ids, 0]).length  # peek_prefix matches all but the last token
+
+
+def code_path(req: WarmupRequest, params: SamplingParams) -> tuple:
+    """What a request warms beyond its prompt's KV: its grammar and its sampler. Two requests
+    with the same path and a cached prompt warm nothing the other did not."""
+    s = params.structured
+    return (req.kind, s.kind if s else None, repr(s.spec) if s else None, params.temperature > 0,
+            params.needs_penalties)
+
+
+async def _already_warm(aengine: Any, items: list, seen: set) -> list[bool]:
+    """For each (label, ids, params, req) of a wave: whether it would warm nothing new, i.e.
+    its code path ran already and its prompt is cached but for the last page (restored from
+    a snapshot, or run before). Marks the paths of those that will run as seen."""
+    engine = aengine.engine
+    ps = engine.pool.page_size
+    cached = await aengine.run_in_engine(lambda: [cached_tokens(engine, ids) for _, ids, _, _ in items])
+    skip = []
+    for (_, ids, params, req), have in zip(items, cached):
+        path = code_path(req, params)
+        warm = path in seen and have >= len(ids) - ps
+        seen.add(path)
+        skip.append(warm)
+    return skip
+
+
 async def run_warmup(aengine: Any, plan: WarmupPlan, metrics: Any) -> WarmupReport:
     """Runs the plan on `aengine` (started, phase "warming"); returns what was warmed."""
     engine = aengine.engine
@@ -208,18 +247,26 @@ async def run_warmup(aengine: Any, plan: WarmupPlan, metrics: Any) -> WarmupRepo
     for note in plan.notes:
         log.info("warmup plan: %s", note)
 
-    # 1. Pins: prefill each prefix (one batch), then pin what got cached.
+    # 1. Pins: prefill each prefix (one batch), then pin what got cached. A prefix already
+    # cached whole (restored from a snapshot) is pinned as it is, with no request.
     # Chat templates and tokenizing run in a worker thread: the probes answer meanwhile.
     pins = await asyncio.to_thread(lambda: [(p, pin_ids(tok, p, rendering)) for p in plan.pins])
+    ps = engine.pool.page_size
+    have = await aengine.run_in_engine(lambda: [cached_tokens(engine, ids) for _, ids in pins])
+    restored = [bool(ids) and h >= len(ids) - len(ids) % ps for (_, ids), h in zip(pins, have)]
     finals = await _run_batch(
-        aengine, [(p.template, ids, SamplingParams(max_tokens=1, temperature=0)) for p, ids in pins if ids]
+        aengine, [(p.template, ids, SamplingParams(max_tokens=1, temperature=0))
+                  for (p, ids), warm in zip(pins, restored) if ids and not warm]
     )
     finals_iter = iter(finals)
-    for pin, ids in pins:
+    for (pin, ids), warm in zip(pins, restored):
         rep = report.for_template(pin.template)
-        out = next(finals_iter) if ids else ValueError("empty prefix")
-        report.requests += 1
-        metrics.warmup_requests.inc()
+        if warm:
+            out = None
+        else:
+            out = next(finals_iter) if ids else ValueError("empty prefix")
+            report.requests += 1
+            metrics.warmup_requests.inc()
         if isinstance(out, ValueError):
             rep.refused += 1
             log.warning("warmup %s: cannot prefill the %s prefix to pin: %s", pin.template, pin.kind, out)
@@ -232,19 +279,28 @@ async def run_warmup(aengine: Any, plan: WarmupPlan, metrics: Any) -> WarmupRepo
         rep.pins += 1
         rep.pinned_tokens += pinned
 
-    # 2. Waves, in ladder order.
+    # 2. Waves: the first reaches every batch size (all of it runs); a later one skips what
+    # would warm nothing new (see _already_warm).
     salt = 0
-    for wave in plan.waves:
+    seen: set = set()
+    for number, wave in enumerate(plan.waves):
         salts = range(salt + 1, salt + 1 + len(wave.requests))
         salt += len(wave.requests)
         items = await asyncio.to_thread(
             lambda w=wave, ss=salts: [
-                (r.template, request_ids(tok, r, s, rendering), request_params(r, rendering))
+                (r.template, request_ids(tok, r, s, rendering), request_params(r, rendering), r)
                 for r, s in zip(w.requests, ss)
             ]
         )
-        outs = await _run_batch(aengine, items)
-        for req, (_, ids, _), out in zip(wave.requests, items, outs):
+        skip = await _already_warm(aengine, items, seen)
+        if number == 0:
+            skip = [False] * len(items)
+        for (_, _, _, req), skipped in zip(items, skip):
+            if skipped:
+                report.for_template(req.template).skipped += 1
+        items = [it for it, skipped in zip(items, skip) if not skipped]
+        outs = await _run_batch(aengine, [it[:3] for it in items])
+        for (_, ids, _, req), out in zip(items, outs):
             rep = report.for_template(req.template)
             report.requests += 1
             metrics.warmup_requests.inc()
@@ -255,7 +311,7 @@ async def run_warmup(aengine: Any, plan: WarmupPlan, metrics: Any) -> WarmupRepo
                 continue
             rep.requests += 1
             rep.kinds[req.kind] += 1
-            rep.concurrency.add(wave.concurrency)
+            rep.concurrency.update(wave.batch_sizes)
             if req.structured is not None:
                 rep.grammars.add(req.structured.kind)
             tool_plan = _plan(req)

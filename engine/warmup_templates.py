@@ -26,7 +26,9 @@ import yaml
 ROLES = ("system", "user", "assistant")
 STRUCTURED_KINDS = ("regex", "json_schema", "json_object")
 TEMPLATE_SUFFIXES = (".yaml", ".yml")
-DEFAULT_MAX_TOKENS = 8
+# Decode steps per warmup request when neither the template nor --warmup-steps says: every
+# decode step after the first runs the same code at the same batch size, so a few suffice.
+DEFAULT_MAX_TOKENS = 4
 DEFAULT_CONCURRENCY = (1,)
 # Guards against a template that would keep the pod out of ready for minutes.
 MAX_CONCURRENCY = 4096
@@ -75,11 +77,15 @@ class WarmupTemplate:
     structured: tuple[StructuredSpec, ...] = ()
     prompt_lengths: tuple[int, ...] = ()
     concurrency: tuple[int, ...] = DEFAULT_CONCURRENCY
-    max_tokens: int = DEFAULT_MAX_TOKENS
+    max_tokens: int | None = None  # None: the engine's --warmup-steps
     temperature: float = 0.0
     tools: str | None = None  # the OpenAI `tools` list as JSON text (hashable, order kept)
     tool_choices: tuple[str, ...] = ()  # each `tool_choice` to warm, as JSON text
     parallel_tool_calls: bool = True
+    # Penalties (as the API's fields): a request with any of them runs the penalty sampler.
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
 
 
 # --------------------------------------------------------------------------- the plan
@@ -114,6 +120,9 @@ class WarmupRequest:
     tools: str | None = None  # chat only: the tools offered, JSON text
     tool_choice: str | None = None  # JSON text of the request's tool_choice
     parallel_tool_calls: bool = True
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
 
     @property
     def kind(self) -> str:
@@ -128,6 +137,11 @@ class Wave:
 
     concurrency: int
     requests: tuple[WarmupRequest, ...]
+    levels: tuple[int, ...] = ()  # the batch sizes it steps down through (staggered), if more than one
+
+    @property
+    def batch_sizes(self) -> tuple[int, ...]:
+        return self.levels or (self.concurrency,)
 
 
 @dataclass(frozen=True)
@@ -148,6 +162,7 @@ _TEMPLATE_KEYS = (
     "name", "description", "system", "pin_system", "prefix", "pin_prefix", "pin",
     "conversations", "prompts", "structured", "prompt_lengths", "concurrency",
     "max_tokens", "temperature", "tools", "tool_choice", "parallel_tool_calls",
+    "presence_penalty", "frequency_penalty", "repetition_penalty",
 )  # fmt: skip
 _MESSAGE_KEYS = ("role", "content")
 
@@ -194,6 +209,12 @@ class _Checker:
             self.err(path, f"must be between {lo} and {hi}, got {value}")
             return None
         return value
+
+    def number(self, value: Any, path: str, lo: float, hi: float) -> float | None:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not lo <= value <= hi:
+            self.err(path, f"expected a number between {lo:g} and {hi:g}, got {_kind(value)}")
+            return None
+        return float(value)
 
     def seq(self, value: Any, path: str) -> list | None:
         if not isinstance(value, list):
@@ -398,14 +419,11 @@ def _parse_template(c: _Checker, raw: Any, path: str) -> WarmupTemplate | None:
     pin_system = opt("pin_system", c.boolean, True)
     pin_prefix = opt("pin_prefix", c.boolean, True)
     description = opt("description", lambda v, p: c.string(v, p, allow_empty=True), "")
-    max_tokens = opt("max_tokens", lambda v, p: c.integer(v, p, 1, 65536), DEFAULT_MAX_TOKENS)
-    temperature = 0.0
-    if "temperature" in t:
-        v = t["temperature"]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v <= 2.0:
-            c.err(_join(path, "temperature"), f"expected a number between 0 and 2, got {_kind(v)}")
-        else:
-            temperature = float(v)
+    max_tokens = opt("max_tokens", lambda v, p: c.integer(v, p, 1, 65536), None)
+    temperature = opt("temperature", lambda v, p: c.number(v, p, 0.0, 2.0), 0.0)
+    presence = opt("presence_penalty", lambda v, p: c.number(v, p, -2.0, 2.0), 0.0)
+    frequency = opt("frequency_penalty", lambda v, p: c.number(v, p, -2.0, 2.0), 0.0)
+    repetition = opt("repetition_penalty", lambda v, p: c.number(v, p, 0.01, 10.0), 1.0)
 
     pins = _parse_list(c, t, "pin", path, lambda v, p: c.string(v, p))
     convos = _parse_list(c, t, "conversations", path, lambda v, p: _parse_conversation(c, v, p, system is not None))
@@ -435,7 +453,8 @@ def _parse_template(c: _Checker, raw: Any, path: str) -> WarmupTemplate | None:
         conversations=convos, prompts=prompts, structured=structured,
         prompt_lengths=lengths, concurrency=tuple(sorted(set(ladder))) or DEFAULT_CONCURRENCY,
         max_tokens=max_tokens, temperature=temperature, tools=tools, tool_choices=tool_choices,
-        parallel_tool_calls=parallel,
+        parallel_tool_calls=parallel, presence_penalty=presence, frequency_penalty=frequency,
+        repetition_penalty=repetition,
     )  # fmt: skip
 
 
@@ -520,7 +539,7 @@ def _turns(template: WarmupTemplate, convo: tuple[ChatMessage, ...]) -> list[tup
     return [full[: i + 1] for i, m in enumerate(full) if m.role == "user"]
 
 
-def template_requests(template: WarmupTemplate) -> list[WarmupRequest]:
+def template_requests(template: WarmupTemplate, default_max_tokens: int = DEFAULT_MAX_TOKENS) -> list[WarmupRequest]:
     """The distinct requests of one template, each to run at least once.
     Structured specs are crossed with the conversations and prompts, and tool choices with
     the conversations, so every grammar is compiled and exercised on the inputs it is meant for."""
@@ -529,7 +548,10 @@ def template_requests(template: WarmupTemplate) -> list[WarmupRequest]:
         chats += [{"messages": turn} for turn in _turns(template, convo)]
     prompts = [{"prompt": (template.prefix or "") + prompt} for prompt in template.prompts]
     grammars: Sequence[StructuredSpec | None] = template.structured or (None,)
-    common = {"template": template.name, "max_tokens": template.max_tokens, "temperature": template.temperature}
+    common = {"template": template.name, "max_tokens": template.max_tokens or default_max_tokens,
+              "temperature": template.temperature, "presence_penalty": template.presence_penalty,
+              "frequency_penalty": template.frequency_penalty,
+              "repetition_penalty": template.repetition_penalty}
     tool_sets: list[dict[str, Any]] = [
         {"tools": template.tools, "tool_choice": choice, "parallel_tool_calls": template.parallel_tool_calls}
         for choice in template.tool_choices
@@ -552,23 +574,39 @@ def template_pins(template: WarmupTemplate) -> list[PinnedPrefix]:
     return pins
 
 
+def stagger(requests: Sequence[WarmupRequest], levels: Sequence[int]) -> tuple[WarmupRequest, ...]:
+    """One wave that reaches every level: all `levels[-1]` requests start together, and
+    request j decodes one step longer per level below the one it is the first beyond, so
+    the running batch steps down top -> ... -> levels[0], at least one decode step at each
+    (the old ladder ran one wave per level: 1 + 2 + 4 + 8 + 16 requests for what 16 do).
+    A request that stops early (a grammar ends it) only makes a level shorter."""
+    ordered = sorted(set(levels))
+    out = []
+    for j, r in enumerate(requests):
+        extra = sum(1 for level in ordered[:-1] if j < level)
+        out.append(WarmupRequest(**{**r.__dict__, "max_tokens": r.max_tokens + extra}) if extra else r)
+    return tuple(out)
+
+
 def build_plan(
     templates: Sequence[WarmupTemplate],
     batch_sizes: Iterable[int] = (),
     max_concurrency: int | None = None,
     max_prompt_tokens: int | None = None,
+    default_max_tokens: int = DEFAULT_MAX_TOKENS,
 ) -> WarmupPlan:
     """Expands templates into pins and waves. Pure and deterministic.
 
     - The concurrency levels are the union of every template's ladder and `batch_sizes` (the
       engine passes the batch sizes its runner specialises, e.g. the captured CUDA-graph sizes,
-      so each one is replayed once), capped at `max_concurrency` (the engine's max_num_seqs).
-    - One wave per level, ascending, with exactly `level` requests, drawn round-robin from all
-      templates' distinct requests; the cursor carries over between waves so the ladder itself
-      covers as many distinct requests as it can.
-    - Requests the ladder did not reach run in extra waves at the highest level, so every
-      conversation turn, prompt and grammar runs at least once.
+      so each one is replayed), capped at `max_concurrency` (the engine's max_num_seqs).
+    - The first wave reaches every level with the fewest requests: `top` requests (the
+      highest level) start together, drawn round-robin from all templates' distinct
+      requests, staggered (see `stagger`) so the batch steps down through every lower level.
+    - Requests that wave did not reach run in extra waves at the highest level, so every
+      conversation turn, prompt and grammar runs at least once (one request per code path).
     - Synthetic prompt lengths are clamped to `max_prompt_tokens` (prompt budget of the model).
+    - A template without `max_tokens` decodes `default_max_tokens` steps (--warmup-steps).
     """
     notes: list[str] = []
     pins: list[PinnedPrefix] = []
@@ -579,7 +617,7 @@ def build_plan(
             if (p.kind, p.text, p.tools) not in seen_pins:  # templates may share a system prompt
                 seen_pins.add((p.kind, p.text, p.tools))
                 pins.append(p)
-        requests += template_requests(t)
+        requests += template_requests(t, default_max_tokens)
 
     if max_prompt_tokens is not None:
         clamped: list[WarmupRequest] = []
@@ -599,16 +637,11 @@ def build_plan(
     if not requests:
         return WarmupPlan(tuple(pins), (), tuple(notes))
 
-    waves: list[Wave] = []
-    cursor = 0
-    for level in levels:
-        batch = tuple(requests[(cursor + i) % len(requests)] for i in range(level))
-        waves.append(Wave(level, batch))
-        cursor += level
-    if cursor < len(requests):  # the ladder ran out before every request ran once
-        top = levels[-1]
-        rest = requests[cursor:]
-        waves += [Wave(len(rest[i : i + top]), tuple(rest[i : i + top])) for i in range(0, len(rest), top)]
+    top = levels[-1]
+    first = [requests[i % len(requests)] for i in range(top)]
+    waves = [Wave(top, stagger(first, levels), tuple(levels) if len(levels) > 1 else ())]
+    rest = requests[top:]  # what the first wave did not reach
+    waves += [Wave(len(rest[i : i + top]), tuple(rest[i : i + top])) for i in range(0, len(rest), top)]
     return WarmupPlan(tuple(pins), tuple(waves), tuple(notes))
 
 

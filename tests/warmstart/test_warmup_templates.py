@@ -57,7 +57,8 @@ def test_the_shipped_plan_pins_the_shared_prefixes_and_runs_every_batch_size():
     plan = build_plan(load_templates(SHIPPED), batch_sizes=[1, 2, 4, 8, 16, 32], max_concurrency=32)
     kinds = {(p.template, p.kind) for p in plan.pins}
     assert ("customer-service", "chat") in kinds and ("rag-travel-policy", "text") in kinds
-    assert [w.concurrency for w in plan.waves][:6] == [1, 2, 4, 8, 16, 32]
+    assert plan.waves[0].batch_sizes == (1, 2, 4, 8, 16, 32)  # one staggered wave steps through all
+    assert all(w.concurrency <= 32 for w in plan.waves)
     assert {r.structured.kind for w in plan.waves for r in w.requests if r.structured} == {"json_schema", "regex"}
 
 
@@ -84,7 +85,17 @@ def test_a_file_holds_a_templates_list_or_single_templates_in_several_documents(
 
 def test_defaults_are_greedy_short_and_batch_size_one():
     (t,) = parse("name: a\nprompts: [hi]\n")
-    assert (t.max_tokens, t.temperature, t.concurrency) == (8, 0.0, (1,))
+    assert (t.max_tokens, t.temperature, t.concurrency) == (None, 0.0, (1,))  # None: --warmup-steps
+    (r,) = template_requests(t, default_max_tokens=6)
+    assert (r.max_tokens, r.presence_penalty, r.frequency_penalty, r.repetition_penalty) == (6, 0.0, 0.0, 1.0)
+
+
+def test_penalties_are_validated_and_reach_every_request():
+    (t,) = parse("name: a\nprompts: [hi]\npresence_penalty: 0.5\nfrequency_penalty: -1\nrepetition_penalty: 1.2\n")
+    (r,) = template_requests(t)
+    assert (r.presence_penalty, r.frequency_penalty, r.repetition_penalty) == (0.5, -1.0, 1.2)
+    with pytest.raises(TemplateError, match="presence_penalty: expected a number between -2 and 2"):
+        parse("name: a\nprompts: [hi]\npresence_penalty: 3\n")
 
 
 def test_json_schema_may_be_yaml_or_json_text_and_is_stored_canonically():
@@ -251,7 +262,7 @@ def test_a_conversation_expands_into_one_request_per_user_turn_with_the_system_p
     sys, q1, a1, q2 = (ChatMessage("system", "Be brief."), ChatMessage("user", "q1"),
                        ChatMessage("assistant", "a1"), ChatMessage("user", "q2"))  # fmt: skip
     assert [r.messages for r in reqs] == [(sys, q1), (sys, q1, a1, q2)]
-    assert all(r.kind == "chat" and r.max_tokens == 8 and r.temperature == 0.0 for r in reqs)
+    assert all(r.kind == "chat" and r.max_tokens == 4 and r.temperature == 0.0 for r in reqs)
 
 
 def test_structured_specs_cross_the_inputs_so_every_grammar_runs_on_every_input():
@@ -302,9 +313,15 @@ def _ladder_templates():
     )
 
 
-def test_each_concurrency_level_runs_once_with_exactly_that_many_requests():
-    plan = build_plan(_ladder_templates(), batch_sizes=[8])
-    assert [(w.concurrency, len(w.requests)) for w in plan.waves] == [(1, 1), (2, 2), (4, 4), (8, 8)]
+def test_one_staggered_wave_reaches_every_concurrency_level_with_the_fewest_requests():
+    plan = build_plan(_ladder_templates(), batch_sizes=[8], default_max_tokens=3)
+    (wave,) = plan.waves  # 8 requests, not 1 + 2 + 4 + 8
+    assert (wave.concurrency, len(wave.requests), wave.batch_sizes) == (8, 8, (1, 2, 4, 8))
+    steps = [r.max_tokens for r in wave.requests]
+    assert steps == [6, 5, 4, 4, 3, 3, 3, 3]
+    # Running count after each decode step: request j runs steps[j] steps.
+    running = [sum(1 for n in steps if n > s) for s in range(max(steps))]
+    assert set(running) == {8, 4, 2, 1}
 
 
 def test_the_ladder_cycles_through_distinct_requests_before_repeating():
@@ -316,13 +333,13 @@ def test_the_ladder_cycles_through_distinct_requests_before_repeating():
 def test_requests_the_ladder_does_not_reach_run_in_extra_waves_at_the_top_level():
     ts = parse("name: a\nprompts: [p1, p2, p3, p4, p5, p6, p7, p8]\nconcurrency: [1, 2]\n")
     plan = build_plan(ts)
-    assert [w.concurrency for w in plan.waves] == [1, 2, 2, 2, 1]
+    assert [w.concurrency for w in plan.waves] == [2, 2, 2, 2]
     assert sorted(r.prompt for w in plan.waves for r in w.requests) == [f"p{i}" for i in range(1, 9)]
 
 
 def test_levels_above_the_engine_limit_are_dropped_and_noted():
     plan = build_plan(_ladder_templates(), batch_sizes=[64], max_concurrency=4)
-    assert [w.concurrency for w in plan.waves] == [1, 2, 4]
+    assert [w.batch_sizes for w in plan.waves] == [(1, 2, 4), (1,)]  # 4 + the fifth request
     assert any("[64]" in n for n in plan.notes)
 
 
