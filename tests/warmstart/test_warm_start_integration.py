@@ -32,6 +32,7 @@ import httpx
 import pytest
 import yaml
 
+from preheat.engine.builtin_warmup import builtin_templates
 from preheat.engine.kv.snapshot import list_snapshots, load_latest_snapshot, read_snapshot
 from preheat.engine.warmup_runner import chat_pin_ids
 from preheat.engine.warmup_templates import build_plan, load_templates
@@ -87,6 +88,7 @@ class FirstRun:
     server: Server
     snapshots: Path
     ready_metrics: str
+    ready_body: dict
     admin_statuses: dict[str, tuple[int, int]]  # credential -> (POST save, GET export)
     admin: dict
     exit_code: int
@@ -103,6 +105,7 @@ def first(tmp_path_factory, template_dir) -> FirstRun:
     try:
         srv.wait_ready()
         ready_metrics = srv.metrics()
+        ready_body = httpx.get(srv.url + "/ready", timeout=10).json()
         # The leak: the export holds every client's recent conversations (token ids).
         tries = {"none": {}, "client api key": srv.auth(),
                  "wrong peer secret": {"Authorization": "Bearer warm-peer-secret-guess"}}
@@ -115,7 +118,7 @@ def first(tmp_path_factory, template_dir) -> FirstRun:
         assert admin.status_code == 200, admin.text
     finally:
         code = srv.stop()
-    return FirstRun(srv, snapshots, ready_metrics, statuses, admin.json(), code, srv.log())
+    return FirstRun(srv, snapshots, ready_metrics, ready_body, statuses, admin.json(), code, srv.log())
 
 
 def fingerprint_of(snapshot: Path) -> dict:
@@ -170,8 +173,12 @@ def test_ready_is_503_until_the_warmup_has_run_then_200(first, template_dir):
     assert "warmed support-chat: pinned 1 prefix(es)" in log
     assert "warmed order-check: pinned 1 prefix(es)" in log and "grammars regex" in log
     plan = build_plan(load_templates(template_dir), max_concurrency=8)
-    expected = plan.num_requests + len(plan.pins)  # pins are prefilled by one request each
+    builtin = build_plan(builtin_templates(512, 16))  # on CPU: one request per built-in path
+    # Pins are prefilled by one request each (nothing was cached yet: no snapshot).
+    expected = plan.num_requests + len(plan.pins) + builtin.num_requests
     assert metric(first.ready_metrics, "preheat_warmup_requests_total") == expected
+    steps = first.ready_body["startup_steps"]
+    assert {"imports", "load", "warmup", "templates", "snapshot"} <= set(steps), steps
     assert metric(first.ready_metrics, "preheat_warmup_seconds") > 0
 
 
