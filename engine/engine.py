@@ -432,7 +432,9 @@ class Engine:
 
     def _views(self) -> tuple[list[SeqView], list[SeqView]]:
         sharing = self.radix is not None  # deferring to a sharer only pays with a prefix cache
-        head = list(itertools.islice(self.waiting, self.admission_window()))
+        # A request waiting for its L3 pages is not in the head: the line moves past it.
+        ready = (s for s in self.waiting if not self.kv.prefetch_pending(s))
+        head = list(itertools.islice(ready, self.admission_window()))
         self._planned = {s.request_id: s for s in itertools.chain(self.running, head)}
         running = [
             SeqView(
@@ -675,6 +677,8 @@ class Engine:
         cannot be evicted (pinned prefixes): the newest running sequence ends with "length",
         as far as memory let it go. If nothing fits even in an empty pool, the head request
         fails. Either way the engine never spins without progress."""
+        if not self.running and self.kv.wait_prefetch(self.waiting, 0.01):
+            return  # only requests waiting for L3 pages: let the disk work
         if self.running:
             log.warning("kv pool exhausted by pinned or locked prefixes; ending the newest request")
             outputs.append(self._finish(self.running[-1], "length"))

@@ -77,6 +77,9 @@ class Sequence:
         self.node: Any = None
         self.num_computed = 0
         self.cached_tokens: int | None = None  # prompt tokens served from cache, first admission
+        # L3 loads started for it while it waits (engine/kv/cache_manager.py prefetch_pending):
+        # None = not looked at yet, False = nothing to wait for.
+        self.prefetch: Any = None
         self.logprobs: list[TokenLogprob] | None = [] if params.logprobs is not None else None
         self.prompt_logprobs: list[TokenLogprob | None] | None = None
         if params.prompt_logprobs is not None:

@@ -25,7 +25,7 @@ from preheat.engine.kv import prefix_io
 from preheat.engine.kv.pool import KVPool
 from preheat.engine.kv.radix import RadixCache, RadixNode
 from preheat.engine.kv.snapshot import PrefixRecord
-from preheat.engine.kv.tiers import KVTiers, page_keys, root_key
+from preheat.engine.kv.tiers import KVTiers, PrefetchTicket, page_keys, root_key
 from preheat.engine.sequence import Sequence
 
 log = logging.getLogger(__name__)
@@ -117,6 +117,42 @@ class KVCacheManager:
             node = node.parent
         return total
 
+    def prefetch_pending(self, seq: Sequence) -> bool:
+        """Whether this waiting sequence is still waiting for L3 pages (prefetch policies
+        wait_complete and timeout): the first time it is looked at, the loads of the pages
+        beyond its L1 match start in the background, and until they are back (or the timeout
+        passed) the planner does not see it. It waits alone; the batch keeps running."""
+        if self.tiers is None or not self.tiers.prefetcher.waits or seq.prefetch is False:
+            return False
+        if seq.prefetch is None:
+            keys = self._tier_keys(seq.all_token_ids[: seq.max_cached_prefix], self.radix_pages(seq))
+            seq.prefetch = (self.tiers.start(keys) if keys else None) or False
+            if seq.prefetch is False:
+                return False
+        return not seq.prefetch.ready()
+
+    def wait_prefetch(self, seqs: Any, timeout: float) -> bool:
+        """Blocks up to `timeout` on the first of `seqs` still waiting for L3 pages (the step
+        thread, when nothing else can run); False when none is."""
+        for seq in seqs:
+            if isinstance(seq.prefetch, PrefetchTicket) and not seq.prefetch.ready():
+                seq.prefetch.wait(timeout)
+                return True
+        return False
+
+    def radix_pages(self, seq: Sequence) -> int:
+        """Pages of the sequence's prefix (as far as it may be served from cache) in L1."""
+        return len(self.radix.match_prefix(seq.all_token_ids[: seq.max_cached_prefix], touch=False).pages)
+
+    def _tier_keys(self, tokens: list[int], start_page: int) -> list[str]:
+        """Keys of the pages of `tokens` from `start_page` on, when the first is in L2/L3."""
+        ps = self.pool.page_size
+        aligned = tokens[: len(tokens) - len(tokens) % ps]
+        if start_page * ps >= len(aligned):
+            return []
+        keys = page_keys(aligned, ps, self.tier_root)[start_page:]
+        return keys if self.tiers.locate(keys[:1])[0] is not None else []
+
     def admit(self, seq: Sequence) -> int:
         """Starts a sequence from its longest cached prefix (extended from L2/L3 where the
         tiers have more), locked so it cannot be evicted while the sequence runs. Returns the
@@ -130,6 +166,7 @@ class KVCacheManager:
         seq.num_shared, seq.num_computed = len(match.pages), match.length
         if self.tiers is not None:
             self._bring_back(tokens, seq)
+            seq.prefetch = None  # consumed; a preempted sequence looks again
         self.tier_hit_tokens["l1"] += match.length
         return seq.num_computed - match.length
 
@@ -241,13 +278,13 @@ class KVCacheManager:
         ps = self.pool.page_size
         aligned = tokens[: len(tokens) - len(tokens) % ps]
         start_page = seq.num_shared
-        if start_page * ps >= len(aligned):
-            return
-        keys = page_keys(aligned, ps, self.tier_root)[start_page:]
-        if self.tiers.locate(keys[:1])[0] is None:
+        keys = self._tier_keys(tokens, start_page)
+        if not keys:
             return
         t0 = time.perf_counter()
-        fetched = self.tiers.fetch(keys)
+        ticket = seq.prefetch
+        # Loaded while it waited: take what arrived, never wait here (the step thread).
+        fetched = self.tiers.collect(keys, ticket) if isinstance(ticket, PrefetchTicket) else self.tiers.fetch(keys)
         if not fetched.pages:
             return
         n = len(fetched.pages)

@@ -432,6 +432,51 @@ class Prefetcher:
             if self._inflight.get(key) is fut:
                 del self._inflight[key]
 
+    @property
+    def waits(self) -> bool:
+        """Whether a request waits for its L3 pages (wait_complete, timeout)."""
+        return self.policy != "best_effort" and self.l3 is not None
+
+    def start(self, keys: Sequence[str]) -> PrefetchTicket | None:
+        """Starts loading, without waiting, the L3 pages of the run that `keys` (a waiting
+        request's pages beyond its L1 match) would bring back; None when none are on disk
+        only (the L2 run is there now: admission takes it without waiting)."""
+        if not self.waits:
+            return None
+        disk: list[str] = []
+        held: dict[str, torch.Tensor] = {}
+        for key in keys:
+            kv = self.l2.get(key) if self.l2 is not None else None
+            if kv is not None:
+                held[key] = kv
+            elif key in self.l3:
+                disk.append(key)
+            else:
+                break
+        if not disk:
+            return None
+        deadline = None if self.policy == "wait_complete" else time.monotonic() + self.timeout_ms / 1000.0
+        return PrefetchTicket({k: self._submit(k) for k in disk}, deadline, held)
+
+    def collect(self, keys: Sequence[str], ticket: PrefetchTicket) -> PrefetchResult:
+        """The leading run of `keys` available now, from L2 or the ticket's finished loads;
+        never waits (a load still running ends the run: those pages are recomputed)."""
+        result = PrefetchResult(requested=len(keys))
+        for key in keys:
+            kv, tier = ticket.held.get(key), "l2"
+            fut = ticket.loads.get(key)
+            if kv is None and fut is not None:  # read from disk (it has landed in L2 too)
+                done = fut.done() and not fut.cancelled() and fut.exception() is None
+                kv, tier = (fut.result(), "l3") if done else (None, "l3")
+            if kv is None and self.l2 is not None:
+                kv, tier = self.l2.get(key), "l2"
+            if kv is None:
+                break
+            result.pages.append(kv)
+            result.tiers.append(tier)
+        result.pending = sum(not f.done() for f in ticket.loads.values())
+        return result
+
     def fetch(self, keys: Sequence[str]) -> PrefetchResult:
         start = time.perf_counter()
         result = PrefetchResult(requested=len(keys))
@@ -470,6 +515,32 @@ class Prefetcher:
         result.pending = sum(not f.done() for _, f in futures)
         result.waited_s = time.perf_counter() - start
         return result
+
+
+@dataclass
+class PrefetchTicket:
+    """Loads from L3 started for one waiting request (`Prefetcher.start`), so the request can
+    wait in the line while the step thread keeps running the batch. `ready()` says when it
+    may be admitted: every load finished (wait_complete), or that or its deadline passed
+    (timeout: it then starts with what arrived, recomputing the rest)."""
+
+    loads: dict[str, Future]
+    deadline: float | None  # time.monotonic() deadline, None: wait for all
+    # The run's pages that were in L2 when it started, held: the loads land in L2 and may
+    # evict them before the request is admitted.
+    held: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def ready(self) -> bool:
+        if all(f.done() for f in self.loads.values()):
+            return True
+        return self.deadline is not None and time.monotonic() >= self.deadline
+
+    def wait(self, timeout: float) -> None:
+        """Blocks up to `timeout` seconds for the loads (the step thread, when it has nothing
+        else to run)."""
+        if self.deadline is not None:
+            timeout = max(0.0, min(timeout, self.deadline - time.monotonic()))
+        wait(list(self.loads.values()), timeout=timeout)
 
 
 def _done(value: Any) -> Future:
@@ -545,6 +616,22 @@ class KVTiers:
         """The leading run of pages available (see Prefetcher); a failure is an empty run."""
         try:
             return self.prefetcher.fetch(keys)
+        except Exception as e:
+            self.record_error(self.first_tier, "read", e)
+            return PrefetchResult(requested=len(keys))
+
+    def start(self, keys: Sequence[str]) -> PrefetchTicket | None:
+        """Starts a waiting request's L3 loads (see Prefetcher.start); a failure is no ticket
+        (admission then fetches as it would have)."""
+        try:
+            return self.prefetcher.start(keys)
+        except Exception as e:
+            self.record_error("l3", "read", e)
+            return None
+
+    def collect(self, keys: Sequence[str], ticket: PrefetchTicket) -> PrefetchResult:
+        try:
+            return self.prefetcher.collect(keys, ticket)
         except Exception as e:
             self.record_error(self.first_tier, "read", e)
             return PrefetchResult(requested=len(keys))
