@@ -89,7 +89,9 @@ class EngineConfig:
         "Cap on KV pool size in tokens (overrides the memory fraction when smaller)."
     )
     kv_cache_dtype: str = _opt(
-        "KV cache dtype: auto (= model dtype) or fp8_e4m3 (GPU only, per-tensor scale).",
+        "KV cache dtype: auto (= model dtype), fp8 (= fp8_e4m3) or fp8_e5m2 (CPU; CUDA: e4m3): "
+        "8-bit pages with per-layer K and V scales calibrated at start-up, about twice the "
+        "tokens in the same memory.",
         "auto",
         choices=KV_CACHE_DTYPES,
     )

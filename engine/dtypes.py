@@ -14,10 +14,11 @@ if TYPE_CHECKING:
 
 # Weight and activation dtypes (`--dtype`, besides "auto").
 MODEL_DTYPES = ("float32", "bfloat16", "float16")
-# What a KV page may be stored as: a model dtype, or fp8 with --kv-cache-dtype fp8_e4m3.
-KV_DTYPES = (*MODEL_DTYPES, "float8_e4m3fn")
+# What a KV page may be stored as: a model dtype, or fp8 with --kv-cache-dtype fp8 / fp8_e5m2.
+KV_DTYPES = (*MODEL_DTYPES, "float8_e4m3fn", "float8_e5m2")
 # The dtype codes safetensors writes in a file's header, per KV dtype.
-SAFETENSORS_CODES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16", "float8_e4m3fn": "F8_E4M3"}
+SAFETENSORS_CODES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16", "float8_e4m3fn": "F8_E4M3",
+                     "float8_e5m2": "F8_E5M2"}
 
 
 def torch_dtype(name: str) -> torch.dtype:

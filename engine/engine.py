@@ -184,6 +184,11 @@ class Engine:
         )
         pool_shape = (spec.num_layers, spec.num_kv_heads, spec.head_dim, num_pages, config.page_size, self.kv_dtype)
         self.pool = self.tp.make_pool(*pool_shape) if self.tp else KVPool(*pool_shape, self.device)
+        if self.pool.scales is not None and not self.tp:  # fp8 KV: per-layer scales, calibrated
+            from preheat.engine.kv.fp8_calibration import calibrate_kv_scales
+
+            self.pool.set_scales(calibrate_kv_scales(self.model, self.tokenizer, spec, self.device, self.dtype,
+                                                     self.kv_dtype, config.page_size))
         if self.tp:
             self.model = DrivenModel(self.model, self.tp)
         log.info(
@@ -207,6 +212,8 @@ class Engine:
             # Quantized weights give other KV; the field is absent otherwise, so snapshots
             # of unquantized engines keep their fingerprint.
             **({"quantization": self.quantization} if self.quantization else {}),
+            # fp8 KV: values were divided by these scales; other scales read them wrong.
+            **({"kv_scales": self.pool.scales.flatten().tolist()} if self.pool.scales is not None else {}),
         )
         radix = RadixCache(self.pool) if config.enable_prefix_caching else None
         tiers = KVTiers.from_config(config) if radix is not None else None

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import torch
 
-from preheat.engine.kernels import batched_extend, cpu_attention, reference
+from preheat.engine.kernels import batched_extend, cpu_attention, kv_fp8, reference
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +66,15 @@ def set_backend(device: torch.device, prefer_triton: bool = True) -> str:
     return backend_name
 
 
+def _scales(k_cache, v_cache) -> dict:
+    """An fp8 cache's scales, as the Triton kernels take them (the torch path reads them
+    off the cache itself, engine/kernels/kv_fp8.py)."""
+    ks = kv_fp8.scale_of(k_cache)
+    return {} if ks is None or backend_name != "triton" else {"k_scale": ks, "v_scale": kv_fp8.scale_of(v_cache)}
+
+
 def write_kv(k_cache, v_cache, k, v, slots) -> None:
-    _impl["write_kv"](k_cache, v_cache, k, v, slots)
+    _impl["write_kv"](k_cache, v_cache, k, v, slots, **_scales(k_cache, v_cache))
 
 
 def prepare_decode(page_table, seq_lens, page_size: int):
@@ -95,7 +102,7 @@ def prepare_extend(page_table, prefix_lens: list[int], extend_lens: list[int], p
 def decode_attention(q, k_cache, v_cache, page_table, seq_lens, scale, prepared=None) -> torch.Tensor:
     if prepared is not None:
         return reference.decode_attention(q, k_cache, v_cache, page_table, seq_lens, scale, prepared)
-    return _impl["decode_attention"](q, k_cache, v_cache, page_table, seq_lens, scale)
+    return _impl["decode_attention"](q, k_cache, v_cache, page_table, seq_lens, scale, **_scales(k_cache, v_cache))
 
 
 def extend_attention(q, k_cache, v_cache, page_table, prefix_lens, extend_lens, scale, prepared=None) -> torch.Tensor:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from preheat.engine.kernels.kv_fp8 import load
 from preheat.engine.kernels.reference import slot_index
 
 # A group may pad its query x key pairs up to this factor before a new group (one more SDPA
@@ -145,8 +146,8 @@ def _attend_group(
     kvh = k_cache.shape[2]
     s, rows, keys = g.num_seqs, g.rows, g.keys
     queries = q.index_select(0, g.pad_index).view(s, rows, num_heads, hd).transpose(1, 2)
-    k = k_cache.view(-1, kvh, hd).index_select(0, g.slots).view(s, keys, kvh, hd).to(q.dtype).transpose(1, 2)
-    v = v_cache.view(-1, kvh, hd).index_select(0, g.slots).view(s, keys, kvh, hd).to(q.dtype).transpose(1, 2)
+    k = load(k_cache.view(-1, kvh, hd).index_select(0, g.slots).view(s, keys, kvh, hd), k_cache, q.dtype).transpose(1, 2)
+    v = load(v_cache.view(-1, kvh, hd).index_select(0, g.slots).view(s, keys, kvh, hd), v_cache, q.dtype).transpose(1, 2)
     out = F.scaled_dot_product_attention(
         queries, k, v, attn_mask=g.mask, scale=scale, enable_gqa=num_heads != kvh
     )  # [S, H, E, hd]

@@ -62,10 +62,18 @@ class RopeInputs:
             and rope.dtype in (torch.float32, torch.bfloat16)
             and head_dim % 32 == 0
         )
+        self._rope = rope
         if self.use_kernel:
             self.table = rope.table(int(positions.max()) + 1 if positions.numel() else 1)
         else:
             self.cos, self.sin = rope(positions)
+
+    def cos_sin(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and signed sin of the rows, worked out on first use where the kernel had the
+        table instead (an fp8 cache takes the PyTorch path: the kernel writes the model dtype)."""
+        if not hasattr(self, "cos"):
+            self.cos, self.sin = self._rope(self.positions)
+        return self.cos, self.sin
 
 
 def rope_write_kv(
@@ -85,7 +93,7 @@ def rope_write_kv(
     if qk is None:
         qk = qkv[:, : q_size + kv_size].view(-1, num_heads + num_kv_heads, head_dim)
     # q and k rotated in one pass (half the ops per layer).
-    qk = apply_rope(qk, rope.cos, rope.sin)
+    qk = apply_rope(qk, *rope.cos_sin())
     q, k = qk[:rows].split([num_heads, num_kv_heads], dim=1)
     v = qkv[:rows, q_size + kv_size :].view(-1, num_kv_heads, head_dim)
     attention.write_kv(k_cache, v_cache, k, v, slots)

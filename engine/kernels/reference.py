@@ -10,14 +10,21 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from preheat.engine.kernels.kv_fp8 import load, store
+
 
 def write_kv(
     k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor
 ) -> None:
     """Stores new keys/values [T, kvh, hd] at their slots (int64 [T])."""
     kvh, hd = k_cache.shape[-2:]
-    k_cache.view(-1, kvh, hd).index_copy_(0, slots, k.to(k_cache.dtype))
-    v_cache.view(-1, kvh, hd).index_copy_(0, slots, v.to(v_cache.dtype))
+    # index_copy_ has no fp8 kernel on CPU: an fp8 cache is written through its bytes.
+    kf, vf = k_cache.view(-1, kvh, hd), v_cache.view(-1, kvh, hd)
+    ks, vs = store(k, k_cache), store(v, v_cache)
+    if ks.element_size() == 1 and ks.is_floating_point() and ks.device.type == "cpu":
+        kf, vf, ks, vs = kf.view(torch.uint8), vf.view(torch.uint8), ks.view(torch.uint8), vs.view(torch.uint8)
+    kf.index_copy_(0, slots, ks)
+    vf.index_copy_(0, slots, vs)
 
 
 def slot_index(pages: torch.Tensor, page_size: int) -> torch.Tensor:
@@ -53,8 +60,8 @@ def decode_attention(
     gather = gather or DecodeGather(page_table, seq_lens, page_size)
     max_len, slots = gather.max_len, gather.slots
     # index_select on a flat view is several times faster than advanced indexing on CPU.
-    keys = k_cache.view(-1, kvh, hd).index_select(0, slots).view(batch, max_len, kvh, hd).to(q.dtype)
-    values = v_cache.view(-1, kvh, hd).index_select(0, slots).view(batch, max_len, kvh, hd).to(q.dtype)
+    keys = load(k_cache.view(-1, kvh, hd).index_select(0, slots).view(batch, max_len, kvh, hd), k_cache, q.dtype)
+    values = load(v_cache.view(-1, kvh, hd).index_select(0, slots).view(batch, max_len, kvh, hd), v_cache, q.dtype)
     out = F.scaled_dot_product_attention(
         q.unsqueeze(2),  # [B, H, 1, hd]
         keys.transpose(1, 2),  # [B, kvh, L, hd]
@@ -89,8 +96,8 @@ def extend_attention(
         total = prefix + extend
         pages = (total + page_size - 1) // page_size
         slots = slot_index(page_table[i : i + 1, :pages], page_size)[0, :total]
-        keys = k_flat.index_select(0, slots).to(q.dtype).transpose(0, 1).unsqueeze(0)  # [1, kvh, total, hd]
-        values = v_flat.index_select(0, slots).to(q.dtype).transpose(0, 1).unsqueeze(0)
+        keys = load(k_flat.index_select(0, slots), k_cache, q.dtype).transpose(0, 1).unsqueeze(0)  # [1, kvh, total, hd]
+        values = load(v_flat.index_select(0, slots), v_cache, q.dtype).transpose(0, 1).unsqueeze(0)
         queries = q[start : start + extend].transpose(0, 1).unsqueeze(0)  # [1, H, extend, hd]
         if prefix == 0:
             mask = None

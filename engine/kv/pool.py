@@ -35,15 +35,32 @@ class KVPool:
         self.kv = torch.zeros(
             (num_layers, 2, num_pages, page_size, num_kv_heads, head_dim), dtype=dtype, device=device
         )
+        # fp8 pools: one scale per layer for K and one for V (engine/kernels/kv_fp8.py), carried
+        # by the per-layer cache views the model is handed. 1.0 until calibrated.
+        self.scales: torch.Tensor | None = None
+        self._views = [(self.kv[layer, 0], self.kv[layer, 1]) for layer in range(num_layers)]
+        if dtype.itemsize == 1 and dtype.is_floating_point:
+            self.scales = torch.ones((num_layers, 2, 1), dtype=torch.float32, device=device)
+            for layer, (k, v) in enumerate(self._views):
+                k.kv_scale, v.kv_scale = self.scales[layer, 0], self.scales[layer, 1]
         # Lowest ids first so a fresh pool fills from the front (nicer locality).
         self._free: list[int] = list(range(num_pages - 1, SCRATCH_PAGE, -1))
         self._free_set = set(self._free)
 
     def k(self, layer: int) -> torch.Tensor:
-        return self.kv[layer, 0]
+        return self._views[layer][0]
 
     def v(self, layer: int) -> torch.Tensor:
-        return self.kv[layer, 1]
+        return self._views[layer][1]
+
+    def set_scales(self, scales: torch.Tensor) -> None:
+        """Loads calibrated fp8 scales [num_layers, 2] in place (before any page is written)."""
+        assert self.scales is not None, "only an fp8 pool has scales"
+        self.scales.copy_(scales.reshape(self.scales.shape).to(self.scales.device, torch.float32))
+
+    @property
+    def capacity_tokens(self) -> int:
+        return self.capacity_pages * self.page_size
 
     @property
     def capacity_pages(self) -> int:
@@ -96,7 +113,10 @@ class KVPool:
         ps = self.page_size
         blocks = kv.reshape(L, two, tokens // ps, ps, kvh, hd).to(device=self.kv.device, dtype=self.kv.dtype)
         index = torch.tensor(pages, dtype=torch.int64, device=self.kv.device)
-        self.kv.index_copy_(2, index, blocks)
+        target = self.kv
+        if self.scales is not None and target.device.type == "cpu":  # no fp8 index_copy_ on CPU
+            target, blocks = target.view(torch.uint8), blocks.view(torch.uint8)
+        target.index_copy_(2, index, blocks)
 
 
 def available_memory_bytes(device: torch.device) -> int:
