@@ -104,6 +104,12 @@ class Metrics:
         self.kv_usage = Gauge(
             "preheat_kv_cache_usage_ratio", "Fraction of KV pages in use.", registry=r
         )
+        self.kv_capacity_tokens = Gauge(
+            "preheat_kv_cache_capacity_tokens",
+            "Size of the KV pool in tokens (pages x page size): with --kv-cache-dtype fp8 about "
+            "twice what the same memory holds in the model dtype.",
+            registry=r,
+        )
         self.kv_request_pages = Gauge(
             "preheat_kv_cache_request_pages",
             "KV pages owned by running requests (not yet handed to the prefix cache).",

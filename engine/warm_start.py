@@ -100,6 +100,9 @@ class WarmStart:
         engine = aengine.engine
         aengine.metrics.cuda_graph_capture_seconds.set(
             float(getattr(engine, "cuda_graph_capture_seconds", 0.0) or 0.0))
+        pool = getattr(engine, "pool", None)
+        if pool is not None:
+            aengine.metrics.kv_capacity_tokens.set(pool.capacity_pages * pool.page_size)
         log.info("weights %s; CUDA-graph batch sizes %s",
                  "from the weight cache" if getattr(engine, "weights_from_cache", False)
                  else "converted (not from the weight cache)",

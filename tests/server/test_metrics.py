@@ -20,7 +20,7 @@ REQUIRED = [
     # registered for the warm-start code
     "preheat_cuda_graph_capture_seconds", "preheat_warmup_seconds", "preheat_warmup_requests",
     "preheat_snapshot_restored_tokens", "preheat_snapshot_restore_seconds",
-    "preheat_snapshot_saved_tokens", "preheat_snapshot_rejected",
+    "preheat_snapshot_saved_tokens", "preheat_snapshot_rejected", "preheat_kv_cache_capacity_tokens",
 ]
 
 
@@ -108,3 +108,8 @@ def test_speculative_totals_become_the_spec_counters():
         m.record_scheduler(SimpleNamespace(spec_draft_tokens_total=drafted, spec_accepted_tokens_total=accepted))
     assert registry.get_sample_value("preheat_spec_draft_tokens_total") == 20
     assert registry.get_sample_value("preheat_spec_accepted_tokens_total") == 11
+
+
+def test_kv_capacity_gauge_is_the_pool_size_in_tokens(server):
+    # SERVER_FLAGS cap the pool at --max-total-tokens 16384 (pages of 16).
+    assert scrape(server.url)["preheat_kv_cache_capacity_tokens"] == 16384
