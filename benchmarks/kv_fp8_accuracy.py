@@ -139,8 +139,10 @@ these numbers are not timings and do not depend on it.
   are only restored into an engine with the same KV dtype and scales.
 - **Capacity**: what the pool sizing formula gives for 1 GiB (the engine's
   `preheat_kv_cache_capacity_tokens` for that memory): fp8 pages are one byte per value.
-- On CPU the attention reads fp8 pages through the PyTorch path (gather, dequantise,
-  SDPA); the AVX-512 kernel reads model-dtype pages only (see decode_step.md for the cost).
+- On CPU the AVX-512 decode kernel reads fp8 pages in place (one byte per value, converted
+  in registers, the scales folded into its own); prompt chunks (the teacher-forced pass
+  here) go through the PyTorch path, which dequantises what it gathers. Decode speed:
+  decode_step.md.
 """
     args.out.write_text(text)
     print(text)

@@ -19,7 +19,7 @@ from types import ModuleType
 
 import torch
 
-from preheat.engine.kernels import reference
+from preheat.engine.kernels import kv_fp8, reference
 
 # New tokens per sequence up to which an extend runs as decode rows.
 SHORT_EXTEND = 16
@@ -39,7 +39,7 @@ def _eligible(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
         _kernels is not None
         and q.device.type == "cpu"
         and q.dtype in (torch.float32, torch.bfloat16)
-        and k_cache.dtype == q.dtype
+        and (k_cache.dtype == q.dtype or kv_fp8.is_fp8_kv(k_cache))
         and hd % 16 == 0
         and hd <= 256
         and num_heads % kvh == 0
@@ -53,7 +53,12 @@ def decode_attention(q, k_cache, v_cache, page_table, seq_lens, scale) -> torch.
         return reference.decode_attention(q, k_cache, v_cache, page_table, seq_lens, scale)
     if q.stride(-1) != 1:
         q = q.contiguous()
-    return _kernels.decode_attention(q, k_cache, v_cache, page_table, seq_lens.to(torch.int32), scale)
+    ks, vs = kv_fp8.scale_of(k_cache), kv_fp8.scale_of(v_cache)
+    if ks is None:
+        return _kernels.decode_attention(q, k_cache, v_cache, page_table, seq_lens.to(torch.int32), scale)
+    # An fp8 cache is read in place; its scales are folded into the kernel's (see kv_fp8.py).
+    return _kernels.decode_attention(q, k_cache, v_cache, page_table, seq_lens.to(torch.int32), scale,
+                                     float(ks), float(vs))
 
 
 @dataclass

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from preheat.engine.kernels import cpu_ext, int8, reference
+from preheat.engine.kernels import cpu_ext, int8, kv_fp8, reference
 
 missing = cpu_ext.missing_cpu_flags(cpu_ext.read_cpu_flags())
 if missing:
@@ -65,6 +65,39 @@ def test_decode_attention_matches_the_reference(batch, kvh, group, hd, page_size
     seq_lens = torch.tensor(lens, dtype=torch.int32)
     expected = reference.decode_attention(q, k_cache, v_cache, table, seq_lens, hd**-0.5)
     close(kernels.decode_attention(q, k_cache, v_cache, table, seq_lens, hd**-0.5), expected, dtype)
+
+
+@SETTINGS
+@given(
+    batch=st.integers(1, 4),
+    kvh=st.integers(1, 3),
+    group=st.sampled_from([1, 3]),
+    hd=st.sampled_from([64, 128]),
+    page_size=st.sampled_from([4, 16]),
+    max_len=st.integers(1, 400),
+    dtype=DTYPES,
+    fp8=st.sampled_from([torch.float8_e4m3fn, torch.float8_e5m2]),
+    scales=st.tuples(st.sampled_from([2.0**-6, 0.25, 1.0]), st.sampled_from([2.0**-8, 0.5, 2.0])),
+    seed=st.integers(0, 2**16),
+)
+def test_decode_attention_reads_fp8_pages_in_place_like_the_reference(
+    batch, kvh, group, hd, page_size, max_len, dtype, fp8, scales, seed
+):
+    """fp8 caches (either format, subnormals included: values of every magnitude) through the
+    kernel against the PyTorch path, which dequantises the same bytes."""
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.randint(1, max_len + 1, (batch,), generator=g).tolist()
+    k_full, v_full, table = paged_cache(g, lens, page_size, kvh, hd, torch.float32)
+    k8, v8 = (torch.empty(c.shape, dtype=fp8) for c in (k_full, v_full))
+    k8.kv_scale, v8.kv_scale = torch.tensor([scales[0]]), torch.tensor([scales[1]])
+    spread = torch.logspace(-4, 1, hd)  # tiny (subnormal) to large values in every row
+    for full, q8 in ((k_full, k8), (v_full, v8)):
+        q8.copy_(kv_fp8.store(full * spread * q8.kv_scale, q8))
+    q = torch.randn((batch, kvh * group, hd), generator=g).to(dtype)
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    expected = reference.decode_attention(q, k8, v8, table, seq_lens, hd**-0.5)
+    got = kernels.decode_attention(q, k8, v8, table, seq_lens, hd**-0.5, scales[0], scales[1])
+    close(got, expected, dtype, scale=max(1.0, float(expected.abs().max())))
 
 
 def test_decode_attention_reads_strided_queries_and_long_contexts():

@@ -5,6 +5,9 @@
 //    exactly with vdpbf16ps), 16 dot products reduced together by a transpose-add tree;
 //  - values: each kv head's 16 value rows converted to float32 once and shared by the
 //    query heads of its group (grouped-query attention without expanding K/V).
+// An fp8 cache (e4m3 or e5m2) is read in place, one byte per value, converted through
+// float16 bit patterns (see load16_fp8); its scales are folded into the score scale and the
+// output factor, so the loops stay the same.
 // Chunks of one row are merged with their log-sum-exp, so even one long sequence keeps
 // every thread busy.
 #include "avx512_common.h"
@@ -13,6 +16,29 @@ namespace preheat {
 namespace {
 
 constexpr int64_t MAX_DV = 16;  // head_dim / 16
+constexpr int KV_SAME = 0, KV_E5M2 = 2;  // DecodeAttnArgs::kv_dtype (1 = e4m3)
+
+// 16 fp8 values to float32 through their float16 bit patterns: e5m2 is the top byte of a
+// float16, exactly; e4m3's sign, exponent and mantissa moved to their float16 positions read
+// as value / 256 (exponent bias 15 instead of 7; subnormals map to subnormals the same way),
+// a factor the caller folds into its scales. NaN (never stored: writes clamp) is not kept.
+inline __m512 load16_fp8(const void* p, int kt) {
+  const __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)p));
+  if (kt == KV_E5M2) return _mm512_cvtph_ps(_mm256_slli_epi16(b, 8));
+  const __m256i sign = _mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x80)), 8);
+  const __m256i mag = _mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x7f)), 7);
+  return _mm512_cvtph_ps(_mm256_or_si256(sign, mag));
+}
+
+template <int DT, int KT>
+inline __m512 load_kv16(const char* p) {
+  return KT == KV_SAME ? load16(p, DT) : load16_fp8(p, KT);
+}
+
+template <int DT, int KT>
+constexpr int64_t kv_size() {
+  return KT != KV_SAME ? 1 : DT == 0 ? 4 : 2;
+}
 
 // out[i] = sum of the 16 lanes of v[i], for 16 vectors at once.
 inline __m512 reduce16(const __m512* v) {
@@ -36,11 +62,12 @@ struct Scratch {
 };
 
 // Scores of one head against 16 key rows (rows[i] = row i's key for this kv head).
-template <int DVC, int DT>
+template <int DVC, int DT, int KT>
 inline __m512 scores16(const char* qh, const char* const* rows, int64_t D) {
   const int64_t DV = DVC > 0 ? DVC : D / 16;
+  constexpr int64_t KS = kv_size<DT, KT>();
   __m512 acc[16];
-  if (DT == 1 && D % 32 == 0) {
+  if (DT == 1 && KT == KV_SAME && D % 32 == 0) {
     __m512i qv[MAX_DV / 2];
     for (int64_t w = 0; w < DV / 2; ++w) qv[w] = _mm512_loadu_si512(qh + w * 64);
     for (int i = 0; i < 16; ++i) {
@@ -53,8 +80,8 @@ inline __m512 scores16(const char* qh, const char* const* rows, int64_t D) {
     __m512 qv[MAX_DV];
     for (int64_t v = 0; v < DV; ++v) qv[v] = load16(qh + v * 16 * (DT == 0 ? 4 : 2), DT);
     for (int i = 0; i < 16; ++i) {
-      __m512 s = _mm512_mul_ps(qv[0], load16(rows[i], DT));
-      for (int64_t v = 1; v < DV; ++v) s = _mm512_fmadd_ps(qv[v], load16(rows[i] + v * 16 * (DT == 0 ? 4 : 2), DT), s);
+      __m512 s = _mm512_mul_ps(qv[0], load_kv16<DT, KT>(rows[i]));
+      for (int64_t v = 1; v < DV; ++v) s = _mm512_fmadd_ps(qv[v], load_kv16<DT, KT>(rows[i] + v * 16 * KS), s);
       acc[i] = s;
     }
   }
@@ -77,10 +104,10 @@ inline void token_rows(const DecodeAttnArgs& a, const void* cache, const int32_t
 }
 
 // o[h] += sum_t p[h][t] v[t] in float32 (values converted once per kv head and block).
-template <int DVC, int DT>
+template <int DVC, int DT, int KT>
 void weigh_values(const DecodeAttnArgs& a, const int32_t* pages, int64_t t0, int64_t t1, const Scratch& sc) {
   const int64_t DV = DVC > 0 ? DVC : a.D / 16;
-  const int64_t G = a.H / a.KVH, D = a.D, esz = DT == 0 ? 4 : 2;
+  const int64_t G = a.H / a.KVH, D = a.D, esz = kv_size<DT, KT>();
   const char* vrow[16];
   for (int64_t blk = t0; blk < t1; blk += 16) {
     const int64_t n = imin(16, t1 - blk);
@@ -88,7 +115,7 @@ void weigh_values(const DecodeAttnArgs& a, const int32_t* pages, int64_t t0, int
     for (int64_t kvh = 0; kvh < a.KVH; ++kvh) {
       for (int64_t i = 0; i < n; ++i)
         for (int64_t v = 0; v < DV; ++v)
-          _mm512_storeu_ps(sc.vf + i * D + v * 16, load16(vrow[i] + (kvh * a.kv_stride_head + v * 16) * esz, DT));
+          _mm512_storeu_ps(sc.vf + i * D + v * 16, load_kv16<DT, KT>(vrow[i] + (kvh * a.kv_stride_head + v * 16) * esz));
       for (int64_t g = 0; g < G; ++g) {
         const int64_t h = kvh * G + g;
         const float* p = sc.s + h * a.chunk + (blk - t0);
@@ -159,11 +186,12 @@ void weigh_values_bf16(const DecodeAttnArgs& a, const int32_t* pages, int64_t t0
   }
 }
 
-template <int DVC, int DT>
+template <int DVC, int DT, int KT>
 void attend_chunk(const DecodeAttnArgs& a, int64_t b, int64_t t0, int64_t t1, bool direct, float* part,
                   const Scratch& sc) {
   const int64_t DV = DVC > 0 ? DVC : a.D / 16;
   const int64_t H = a.H, G = a.H / a.KVH, D = a.D, len = t1 - t0, esz = DT == 0 ? 4 : 2;
+  const int64_t kesz = kv_size<DT, KT>();
   const int32_t* pages = a.page_table + b * a.pt_stride;
   const char* qb = (const char*)a.q + b * a.q_stride_b * esz;
   const __m512 scale = _mm512_set1_ps(a.scale);
@@ -171,25 +199,25 @@ void attend_chunk(const DecodeAttnArgs& a, int64_t b, int64_t t0, int64_t t1, bo
   // Scores, 16 tokens at a time.
   for (int64_t blk = t0; blk < t1; blk += 16) {
     const int64_t n = imin(16, t1 - blk);
-    token_rows(a, a.k_cache, pages, blk, n, esz, krow);
+    token_rows(a, a.k_cache, pages, blk, n, kesz, krow);
     // The next block's keys to L1, this block's values (read after all scores) to L2.
-    const int64_t row_bytes = a.KVH * a.D * esz;
+    const int64_t row_bytes = a.KVH * a.D * kesz;
     const char* ahead[16];
-    token_rows(a, a.v_cache, pages, blk, n, esz, ahead);
+    token_rows(a, a.v_cache, pages, blk, n, kesz, ahead);
     for (int64_t i = 0; i < n; ++i)
       for (int64_t off = 0; off < row_bytes; off += 64) _mm_prefetch(ahead[i] + off, _MM_HINT_T1);
     const int64_t next = imin(16, t1 - blk - 16);
     if (next > 0) {
-      token_rows(a, a.k_cache, pages, blk + 16, next, esz, ahead);
+      token_rows(a, a.k_cache, pages, blk + 16, next, kesz, ahead);
       for (int64_t i = 0; i < next; ++i)
         for (int64_t off = 0; off < row_bytes; off += 64) _mm_prefetch(ahead[i] + off, _MM_HINT_T0);
     }
     for (int64_t kvh = 0; kvh < a.KVH; ++kvh) {
       const char* rows[16];
-      for (int i = 0; i < 16; ++i) rows[i] = krow[i] + kvh * a.kv_stride_head * esz;
+      for (int i = 0; i < 16; ++i) rows[i] = krow[i] + kvh * a.kv_stride_head * kesz;
       for (int64_t g = 0; g < G; ++g) {
         const int64_t h = kvh * G + g;
-        const __m512 s = _mm512_mul_ps(scores16<DVC, DT>(qb + h * a.q_stride_h * esz, rows, D), scale);
+        const __m512 s = _mm512_mul_ps(scores16<DVC, DT, KT>(qb + h * a.q_stride_h * esz, rows, D), scale);
         _mm512_storeu_ps(sc.s + h * a.chunk + (blk - t0), s);
       }
     }
@@ -213,13 +241,13 @@ void attend_chunk(const DecodeAttnArgs& a, int64_t b, int64_t t0, int64_t t1, bo
   }
   // Weighted values, 16 tokens at a time.
   for (int64_t i = 0; i < H * D; i += 16) _mm512_storeu_ps(sc.o + i, _mm512_setzero_ps());
-  if (DT == 1 && D % 32 == 0)
+  if (DT == 1 && KT == KV_SAME && D % 32 == 0)
     weigh_values_bf16<DVC>(a, pages, t0, t1, sc);
   else
-    weigh_values<DVC, DT>(a, pages, t0, t1, sc);
+    weigh_values<DVC, DT, KT>(a, pages, t0, t1, sc);
   for (int64_t h = 0; h < H; ++h) {
     if (direct) {
-      const __m512 inv = _mm512_set1_ps(1.0f / sum[h]);
+      const __m512 inv = _mm512_set1_ps(a.v_mult / sum[h]);
       for (int64_t v = 0; v < DV; ++v)
         store16(elem(a.out, (b * H + h) * D + v * 16, DT), _mm512_mul_ps(_mm512_loadu_ps(sc.o + h * D + v * 16), inv), DT);
     } else {
@@ -231,13 +259,23 @@ void attend_chunk(const DecodeAttnArgs& a, int64_t b, int64_t t0, int64_t t1, bo
   }
 }
 
-template <int DT>
+template <int DT, int KT>
 void attend_chunk_d(const DecodeAttnArgs& a, int64_t b, int64_t t0, int64_t t1, bool direct, float* part,
                     const Scratch& sc) {
   switch (a.D) {
-    case 64: attend_chunk<4, DT>(a, b, t0, t1, direct, part, sc); break;
-    case 128: attend_chunk<8, DT>(a, b, t0, t1, direct, part, sc); break;
-    default: attend_chunk<0, DT>(a, b, t0, t1, direct, part, sc); break;
+    case 64: attend_chunk<4, DT, KT>(a, b, t0, t1, direct, part, sc); break;
+    case 128: attend_chunk<8, DT, KT>(a, b, t0, t1, direct, part, sc); break;
+    default: attend_chunk<0, DT, KT>(a, b, t0, t1, direct, part, sc); break;
+  }
+}
+
+template <int DT>
+void attend_chunk_kv(const DecodeAttnArgs& a, int64_t b, int64_t t0, int64_t t1, bool direct, float* part,
+                     const Scratch& sc) {
+  switch (a.kv_dtype) {
+    case 1: attend_chunk_d<DT, 1>(a, b, t0, t1, direct, part, sc); break;
+    case 2: attend_chunk_d<DT, 2>(a, b, t0, t1, direct, part, sc); break;
+    default: attend_chunk_d<DT, KV_SAME>(a, b, t0, t1, direct, part, sc); break;
   }
 }
 
@@ -257,9 +295,9 @@ void decode_attention_tasks(const DecodeAttnArgs& a, const int32_t* task_b, cons
     const int64_t t0 = c * a.chunk, t1 = imin(a.seq_lens[b], t0 + a.chunk);
     float* part = a.partial + t * a.H * (a.D + 2);
     if (a.dtype == 0)
-      attend_chunk_d<0>(a, b, t0, t1, num_chunks[b] == 1, part, sc);
+      attend_chunk_kv<0>(a, b, t0, t1, num_chunks[b] == 1, part, sc);
     else
-      attend_chunk_d<1>(a, b, t0, t1, num_chunks[b] == 1, part, sc);
+      attend_chunk_kv<1>(a, b, t0, t1, num_chunks[b] == 1, part, sc);
   }
 }
 
@@ -285,7 +323,7 @@ void decode_attention_combine(const DecodeAttnArgs& a, const int64_t* first_task
       const __m512 wv = _mm512_set1_ps(w);
       for (int64_t v = 0; v < DV; ++v) o[v] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(p + 2 + v * 16), o[v]);
     }
-    const __m512 inv = _mm512_set1_ps(1.0f / l);
+    const __m512 inv = _mm512_set1_ps(a.v_mult / l);
     for (int64_t v = 0; v < DV; ++v)
       store16(elem(a.out, (b * a.H + h) * D + v * 16, a.dtype), _mm512_mul_ps(o[v], inv), a.dtype);
   }

@@ -35,14 +35,26 @@ void check_cpu(const at::Tensor& t, const char* name) {
 
 constexpr int64_t MAX_CHUNKS = 512;
 
+// 0: the queries' dtype; 1, 2: fp8 e4m3 / e5m2 (read in place; see attention_avx512.cpp).
+int kv_dtype_code(const at::Tensor& cache, const at::Tensor& q) {
+  if (cache.scalar_type() == at::kFloat8_e4m3fn) return 1;
+  if (cache.scalar_type() == at::kFloat8_e5m2) return 2;
+  TORCH_CHECK(cache.scalar_type() == q.scalar_type(), "q and the caches must share a dtype (or the caches be fp8)");
+  return 0;
+}
+
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                            const at::Tensor& page_table, const at::Tensor& seq_lens, double scale) {
+                            const at::Tensor& page_table, const at::Tensor& seq_lens, double scale,
+                            double k_scale, double v_scale) {
   check_cpu(q, "q");
   TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1, "q must be [B, H, D] with contiguous heads");
   TORCH_CHECK(k_cache.dim() == 4 && k_cache.stride(3) == 1 && v_cache.strides() == k_cache.strides(),
               "caches must be [pages, page_size, kv_heads, D] with equal strides");
-  TORCH_CHECK(k_cache.scalar_type() == q.scalar_type() && v_cache.scalar_type() == q.scalar_type(),
-              "q and the caches must share a dtype");
+  const int kv_dtype = kv_dtype_code(k_cache, q);
+  TORCH_CHECK(v_cache.scalar_type() == k_cache.scalar_type(), "the caches must share a dtype");
+  // e4m3 values are read as value / 256 (see load16_fp8): the factor joins the scales.
+  const double fp8_mult = kv_dtype == 1 ? 256.0 : 1.0;
+  if (kv_dtype == 0) k_scale = v_scale = 1.0;
   TORCH_CHECK(page_table.scalar_type() == at::kInt && seq_lens.scalar_type() == at::kInt,
               "page_table and seq_lens must be int32");
   const int64_t B = q.size(0), H = q.size(1), D = q.size(2), S = k_cache.size(1), KVH = k_cache.size(2);
@@ -82,7 +94,8 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache, cons
   std::vector<float> partial(tasks > B ? tasks * H * (D + 2) : 0);
   DecodeAttnArgs a{q.data_ptr(), q.stride(0), q.stride(1), k_cache.data_ptr(), v_cache.data_ptr(),
                    k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), pt.data_ptr<int32_t>(), pt.stride(0),
-                   len, out.data_ptr(), partial.data(), B, H, KVH, D, S, chunk, (float)scale, dtype_code(q)};
+                   len, out.data_ptr(), partial.data(), B, H, KVH, D, S, chunk,
+                   (float)(scale * k_scale * fp8_mult), dtype_code(q), kv_dtype, (float)(v_scale * fp8_mult)};
   const int64_t per_thread = decode_attention_scratch(a);
   std::vector<float> scratch(per_thread * threads);
   at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
@@ -250,7 +263,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("supported", &preheat::cpu_has_avx512_kernels, "whether this CPU runs the kernels");
   auto nogil = py::call_guard<py::gil_scoped_release>();
   m.def("decode_attention", &preheat::decode_attention, nogil, arg("q"), arg("k_cache"), arg("v_cache"),
-        arg("page_table"), arg("seq_lens"), arg("scale"));
+        arg("page_table"), arg("seq_lens"), arg("scale"), arg("k_scale") = 1.0, arg("v_scale") = 1.0);
   m.def("linear_bf16", &preheat::linear_bf16, nogil, arg("x"), arg("packed"), arg("n"), arg("bias") = py::none(),
         arg("residual") = py::none());
   m.def("linear_int8", &preheat::linear_int8, nogil, arg("x"), arg("codes"), arg("dm"), arg("n"),

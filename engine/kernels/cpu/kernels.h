@@ -30,8 +30,10 @@ struct DecodeAttnArgs {
   float* partial;         // [num_tasks, H, D + 2] merged by decode_attention_combine
   int64_t B, H, KVH, D, S;
   int64_t chunk;          // tokens per task, a multiple of 16
-  float scale;
-  int dtype;
+  float scale;            // times the key scale of an fp8 cache (and 256 for e4m3, see below)
+  int dtype;              // of q and out: 0 float32, 1 bfloat16
+  int kv_dtype = 0;       // of the caches: 0 = dtype, 1 = float8_e4m3fn, 2 = float8_e5m2
+  float v_mult = 1.0f;    // the outputs' factor: an fp8 cache's value scale (and 256 for e4m3)
 };
 // Floats of per-thread scratch one task needs.
 int64_t decode_attention_scratch(const DecodeAttnArgs& a);
