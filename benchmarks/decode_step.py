@@ -5,6 +5,7 @@ batch-1 decode speed against llama.cpp (llama-cpp-python) on the same GGUF file.
 
 Sides:
 - preheat bf16 / preheat int8: the engine as served (CPU kernels, `--quantization int8`);
+- preheat bf16, fp8 KV: `--kv-cache-dtype fp8`, the decode kernel reading 8-bit pages in place;
 - preheat bf16, torch kernels: PREHEAT_ATTENTION_BACKEND=torch, the PyTorch reference path
   (oneDNN matmuls, gathered-context SDPA): what the engine ran before the CPU kernels;
 - transformers dense: `model(input_ids, past_key_values=StaticCache)` then argmax, eager
@@ -232,7 +233,8 @@ def run(args: argparse.Namespace) -> str:
     if args.threads:
         torch.set_num_threads(args.threads)
     sides = [EngineSide("preheat bf16", "cpu", dtype="bfloat16"),
-             EngineSide("preheat int8", "cpu", dtype="bfloat16", quantization="int8")]
+             EngineSide("preheat int8", "cpu", dtype="bfloat16", quantization="int8"),
+             EngineSide("preheat bf16, fp8 KV", "cpu", dtype="bfloat16", kv_cache_dtype="fp8")]
     if not args.no_reference:
         sides.append(EngineSide("preheat bf16, torch kernels (before)", "torch", dtype="bfloat16"))
     ours = sides[0].engine
