@@ -130,7 +130,8 @@ class Metrics:
             "preheat_cuda_graph_capture_seconds", "Time spent capturing CUDA graphs.", registry=r
         )
         self.warmup_seconds = Gauge(
-            "preheat_warmup_seconds", "Time spent running warmup templates.", registry=r
+            "preheat_warmup_seconds", "Time spent running warmup plans (the built-in warmup and the templates).",
+            registry=r,
         )
         self.warmup_requests = Counter(
             "preheat_warmup_requests", "Requests run by warmup templates.", registry=r
