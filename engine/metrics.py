@@ -134,7 +134,7 @@ class Metrics:
             registry=r,
         )
         self.warmup_requests = Counter(
-            "preheat_warmup_requests", "Requests run by warmup templates.", registry=r
+            "preheat_warmup_requests", "Requests run by warmup: the built-in warmup and the templates.", registry=r
         )
         self.snapshot_restored_tokens = Gauge(
             "preheat_snapshot_restored_tokens", "Tokens of KV restored from a snapshot.", registry=r
