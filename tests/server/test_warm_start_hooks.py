@@ -49,7 +49,11 @@ async def test_steps_set_the_phase_and_ready_comes_last():
     assert await life.start()
     assert seen == [("restore", "restoring"), ("warm", "warming"), ("warm-request", "length")]
     r = await http.get("/ready")
-    assert r.status_code == 200 and r.json() == {"phase": "ready", "model": "fake", "in_flight": 0}
+    body = r.json()
+    steps = body.pop("startup_steps")
+    assert r.status_code == 200 and body == {"phase": "ready", "model": "fake", "in_flight": 0}
+    # Each step's seconds, in order ("process": the interpreter's own start, before them).
+    assert list(steps) == ["process", "load", "snapshot", "templates"] and all(v >= 0 for v in steps.values())
     assert aengine.metrics.ready._value.get() == 1
     await life.shutdown(1)
 
