@@ -142,13 +142,14 @@ def second(tmp_path_factory, first) -> SecondWave:
     bad_dir.mkdir()
     good_copy = copy_as(newest, bad_dir, 1_000_000, "good")
     bad = make_bad_snapshots(newest, bad_dir, 2_000_000)
-    shared = ["--snapshot-dir", str(first.snapshots)]
+    # What these servers test is the snapshot; the built-in warmup ran (and was counted) in `first`.
+    shared = ["--snapshot-dir", str(first.snapshots), "--skip-server-warmup"]
     servers = [
         start(tmp, *shared, name="restarted", env={"HOSTNAME": "writer-a"}),
         start(tmp, *shared, name="twin", env={"HOSTNAME": "writer-b"}),
         # Every damage is read before the good copy: more candidates than the default 4.
         start(tmp, "--snapshot-dir", str(bad_dir), "--snapshot-restore-candidates", "16",
-              name="refusing", peer=False),
+              "--skip-server-warmup", name="refusing", peer=False),
     ]
     try:
         for s in servers:
