@@ -45,6 +45,17 @@ class EngineConfig:
         "so processes sharing it download once). Empty = HF_HUB_CACHE when set, else "
         "<weight cache>/downloads."
     )
+    model_peer_url: str | None = _opt(
+        "Base URL of a peer engine of the same service (the headless Service of the serving "
+        "pods) to fetch a hub or S3 model's files from before asking the source; each file "
+        "is checked against the digests the source lists, and the source is used when no "
+        "peer answers or a file does not verify. Needs --peer-secret-file (the bearer token)."
+    )
+    model_peer_timeout: float = _opt(
+        "Seconds the whole fetch from --model-peer-url may take before the source is used.",
+        900.0,
+        min=0.0,
+    )
     served_model_name: str | None = _opt(
         "Name clients use in the `model` field (default: derived from --model)."
     )

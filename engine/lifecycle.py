@@ -171,14 +171,19 @@ class Lifecycle:
         if not needs_download(self.config.model):
             return
         ae = self.aengine
-        progress = Progress(on_fetched=ae.metrics.model_download_bytes.inc)
+
+        def fetched_bytes(n: int) -> None:
+            ae.metrics.model_download_bytes.inc(n)
+            ae.metrics.model_download_source_bytes.labels(source=progress.source or "origin").inc(n)
+
+        progress = Progress(on_fetched=fetched_bytes)
         ae.phase_detail = progress.as_dict
         ae.set_phase("downloading")
         t = time.monotonic()
         log.info("downloading model %s", self.config.model)
         try:
             fetched = await in_daemon_thread(fetch_model, self.config.model, self.config.download_dir,
-                                             self.config.weight_cache_dir, progress)
+                                             self.config.weight_cache_dir, progress, self.model_peer())
         finally:
             ae.phase_detail = None
         self._record("download", time.monotonic() - t)
@@ -187,6 +192,21 @@ class Lifecycle:
         self.config = dataclasses.replace(
             self.config, model=fetched.path,
             served_model_name=self.config.served_model_name or fetched.served_name)
+
+    def model_peer(self) -> Any:
+        """The peer to take a hub or S3 model from first (--model-peer-url), or None. Needs
+        the peer secret: /admin/* on the peer answers nothing else."""
+        from preheat.engine.model.peer_fetch import ModelPeer
+        from preheat.engine.peer_secret import PeerSecret
+
+        url, secret = self.config.model_peer_url, self.config.peer_secret_file
+        if not url:
+            return None
+        if not secret:
+            log.warning("--model-peer-url without --peer-secret-file: the peer's /admin/* "
+                        "answers nothing else; downloading from the source")
+            return None
+        return ModelPeer(url, PeerSecret(secret).keys, self.config.model_peer_timeout)
 
     async def shutdown(self, timeout: float | None = None) -> bool:
         """Drains, runs the shutdown callbacks, stops the step thread. True when every

@@ -122,7 +122,15 @@ class Metrics:
         )
         self.model_download_bytes = Counter(
             "preheat_model_download_bytes",
-            "Bytes of model files this process downloaded (hub or S3; 0 when read from the cache).",
+            "Bytes of model files this process downloaded (hub, S3 or a peer; 0 when read from "
+            "the cache).",
+            registry=r,
+        )
+        self.model_download_source_bytes = Counter(
+            "preheat_model_download_source_bytes",
+            "The same bytes by where they came from: peer (a Ready engine of the service), hub "
+            "or s3 (the origin).",
+            ["source"],
             registry=r,
         )
         # --- warm start (recorded by warmup, snapshot and CUDA-graph code) ---

@@ -61,6 +61,11 @@ async def serve(config: EngineConfig, warm: WarmStart | None = None) -> int:
         trusted_hosts=config.trusted_host_list,
         body_timeout=config.http_body_timeout,
     )
+    from preheat.engine.model.fetch import download_root
+    from preheat.engine.model.peer_serve import add_model_peer_routes
+
+    # The --model as given: the lifecycle replaces it by the local path once downloaded.
+    add_model_peer_routes(app, config.model, download_root(config.download_dir, config.weight_cache_dir))
     uv_config = uvicorn.Config(
         app,
         host=config.host,

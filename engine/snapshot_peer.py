@@ -38,6 +38,7 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from preheat.engine.api_errors import APIError
+from preheat.engine.peer_http import peer_headers, peer_timeout
 from preheat.engine.peer_secret import PeerKeys
 from preheat.engine.snapshot_transfer import END, BadTransfer, Extractor, member_header, padding
 
@@ -222,11 +223,11 @@ async def _fetch(peer_url: str, root: Path, keys: PeerKeys | None, timeout: floa
                  max_bytes: int, took: Callable[[], float]) -> PeerFetch:
     from preheat.engine.kv.snapshot import is_snapshot_file_name, is_snapshot_name
 
-    headers = {"Authorization": f"Bearer {keys.current.decode()}"} if keys else {}
+    headers = peer_headers(keys)
     url = peer_url.rstrip("/") + PATH
     tmp: Path | None = None
     try:
-        async with httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=min(timeout, 3.0))) as c, \
+        async with httpx.AsyncClient(timeout=peer_timeout(timeout)) as c, \
                 c.stream("GET", url, headers=headers) as resp:
             if resp.status_code in (404, 503):
                 return PeerFetch("none", seconds=took(), detail=f"peer answered {resp.status_code}")

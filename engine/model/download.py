@@ -73,6 +73,7 @@ class Progress:
         self.bytes_total = 0
         self.bytes_done = 0
         self.fetched = 0
+        self.source = ""  # where the bytes come from now: "peer", or the origin ("hub", "s3")
         self._on_fetched = on_fetched
 
     def start(self, total: int, done: int) -> None:
@@ -86,9 +87,12 @@ class Progress:
         if fetched and self._on_fetched is not None:
             self._on_fetched(fetched)
 
-    def as_dict(self) -> dict[str, int]:
+    def as_dict(self) -> dict[str, int | str]:
         with self._lock:
-            return {"bytes_done": self.bytes_done, "bytes_total": self.bytes_total}
+            out: dict[str, int | str] = {"bytes_done": self.bytes_done, "bytes_total": self.bytes_total}
+            if self.source:
+                out["source"] = self.source
+            return out
 
 
 @contextlib.contextmanager
@@ -160,12 +164,37 @@ def read_marker(download_dir: Path, key: str, version: str, root: Path) -> list[
     return files
 
 
-def write_marker(download_dir: Path, key: str, version: str, files: list[RemoteFile]) -> None:
+@dataclass(frozen=True)
+class CompleteDownload:
+    """A marker as a peer serves it (engine/model/peer_serve.py): the version, the folder the
+    files are in and the files with the digests their source published."""
+    version: str
+    root: Path
+    files: list[RemoteFile]
+
+
+def read_complete(download_dir: Path, key: str) -> CompleteDownload | None:
+    """The complete download of `key`, whatever its version, or None (no marker, a marker
+    from before it recorded its folder, or a file no longer at its size)."""
+    try:
+        data = json.loads(_marker_path(download_dir, key).read_text())
+        version, root = str(data["version"]), Path(data["root"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    files = read_marker(download_dir, key, version, root)
+    return None if files is None else CompleteDownload(version, root, files)
+
+
+def write_marker(download_dir: Path, key: str, version: str, files: list[RemoteFile],
+                 root: Path | None = None) -> None:
+    """`root`: the folder the files are in, so a peer can serve them (read_complete)."""
     path = _marker_path(download_dir, key)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp-{os.getpid()}")
-    tmp.write_text(json.dumps({"version": version, "created": time.time(),
-                               "files": [asdict(f) for f in files]}))
+    record = {"version": version, "created": time.time(), "files": [asdict(f) for f in files]}
+    if root is not None:
+        record["root"] = str(root)
+    tmp.write_text(json.dumps(record))
     os.replace(tmp, path)
 
 

@@ -28,6 +28,7 @@ from preheat.engine.model.download import (
     watch_disk,
     write_marker,
 )
+from preheat.engine.model.peer_fetch import ModelPeer, try_peer
 from preheat.engine.model.uri import HubModel
 
 log = logging.getLogger(__name__)
@@ -75,13 +76,14 @@ def _display(ref: HubModel) -> str:
     return f"hf://{ref.repo}{rev}" + (f"/{ref.filename}" if ref.filename else "")
 
 
-def fetch(ref: HubModel, download_dir: Path, progress: Progress) -> Path:
+def fetch(ref: HubModel, download_dir: Path, progress: Progress, peer: ModelPeer | None = None) -> Path:
     """The local path of the model (the snapshot folder, or the GGUF file in it),
-    downloading what is missing. Raises ModelUnavailable or DownloadFailed."""
+    downloading what is missing (from `peer` first, when given). Raises ModelUnavailable or
+    DownloadFailed."""
     from huggingface_hub import errors
 
     try:
-        return _fetch(ref, download_dir, progress)
+        return _fetch(ref, download_dir, progress, peer)
     except (errors.RepositoryNotFoundError, errors.GatedRepoError) as e:
         raise ModelUnavailable(f"{_display(ref)}: repository not found, or access refused "
                                f"(private or gated: set HF_TOKEN) [{_status(e)}]") from None
@@ -120,7 +122,7 @@ def _status(e: Exception) -> str:
     return f"HTTP {response.status_code}" if response is not None else type(e).__name__
 
 
-def _fetch(ref: HubModel, download_dir: Path, progress: Progress) -> Path:
+def _fetch(ref: HubModel, download_dir: Path, progress: Progress, peer: ModelPeer | None) -> Path:
     from huggingface_hub import HfApi, constants, hf_hub_download, snapshot_download
     from huggingface_hub.file_download import repo_folder_name
 
@@ -152,14 +154,16 @@ def _fetch(ref: HubModel, download_dir: Path, progress: Progress) -> Path:
         progress.start(sum(f.size for f in files), on_disk())
         log.info("download: %s (commit %s): %d files, %.1f MB, into %s", _display(ref),
                  commit[:12], len(files), progress.bytes_total / 1e6, download_dir)
-        with watch_disk(progress, on_disk, counting=True):
-            snapshot_download(ref.repo, revision=commit, cache_dir=download_dir,
-                              allow_patterns=[f.path for f in files])
-        for f in files:
-            if (why := mismatch(snapshot / f.path, f)) is not None:
-                (snapshot / f.path).resolve().unlink(missing_ok=True)  # the next start fetches it again
-                raise DownloadFailed(f"{_display(ref)}: {why}")
-        write_marker(download_dir, ref.key, commit, files)
+        # A peer's files are each verified against the tree's digests as they arrive.
+        if not try_peer(peer, ref.key, commit, files, snapshot, progress, origin="hub"):
+            with watch_disk(progress, on_disk, counting=True):
+                snapshot_download(ref.repo, revision=commit, cache_dir=download_dir,
+                                  allow_patterns=[f.path for f in files])
+            for f in files:
+                if (why := mismatch(snapshot / f.path, f)) is not None:
+                    (snapshot / f.path).resolve().unlink(missing_ok=True)  # the next start fetches it again
+                    raise DownloadFailed(f"{_display(ref)}: {why}")
+        write_marker(download_dir, ref.key, commit, files, root=snapshot)
         _write_ref(storage, ref.revision or "main", commit)
     log.info("download: %s verified and complete", _display(ref))
     return result

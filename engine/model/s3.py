@@ -28,6 +28,7 @@ from preheat.engine.model.download import (
     read_marker,
     write_marker,
 )
+from preheat.engine.model.peer_fetch import ModelPeer, try_peer
 from preheat.engine.model.uri import S3Model
 
 log = logging.getLogger(__name__)
@@ -60,12 +61,14 @@ def client() -> Any:
     return session.client("s3", config=config)
 
 
-def fetch(ref: S3Model, download_dir: Path, progress: Progress, s3: Any = None) -> Path:
-    """The local folder (or .gguf file) of the model, downloading what is missing."""
+def fetch(ref: S3Model, download_dir: Path, progress: Progress, s3: Any = None,
+          peer: ModelPeer | None = None) -> Path:
+    """The local folder (or .gguf file) of the model, downloading what is missing (from
+    `peer` first, when given)."""
     import botocore.exceptions as bx
 
     try:
-        return _fetch(ref, download_dir, progress, s3 or client())
+        return _fetch(ref, download_dir, progress, s3 or client(), peer)
     except bx.ClientError as e:
         err = e.response.get("Error") or {}
         code = str(err.get("Code") or e.response.get("ResponseMetadata", {}).get("HTTPStatusCode"))
@@ -98,7 +101,7 @@ def list_objects(ref: S3Model, s3: Any) -> list[tuple[str, RemoteFile, str]]:
     return sorted(out, key=lambda o: o[0])
 
 
-def _fetch(ref: S3Model, download_dir: Path, progress: Progress, s3: Any) -> Path:
+def _fetch(ref: S3Model, download_dir: Path, progress: Progress, s3: Any, peer: ModelPeer | None) -> Path:
     objects = list_objects(ref, s3)
     files = [f for _, f, _ in objects]
     version = hashlib.sha256(repr([(k, f.size, e) for k, f, e in objects]).encode()).hexdigest()
@@ -114,6 +117,9 @@ def _fetch(ref: S3Model, download_dir: Path, progress: Progress, s3: Any) -> Pat
             return result
         progress.start(total, 0)
         log.info("download: %s: %d objects, %.1f MB, into %s", _display(ref), len(objects), total / 1e6, root)
+        # What the peer placed is verified; the loop below checks it again (a stat and a
+        # hash, no transfer) and fetches from the store what is still missing.
+        try_peer(peer, ref.key, version, files, root, progress, origin="s3")
         done = 0
         for key, f, etag in objects:
             target = root / f.path
@@ -121,7 +127,7 @@ def _fetch(ref: S3Model, download_dir: Path, progress: Progress, s3: Any) -> Pat
                 _get(s3, ref, key, etag, target, f, progress, done)
             done += f.size
             progress.advance(done)
-        write_marker(download_dir, ref.key, version, files)
+        write_marker(download_dir, ref.key, version, files, root=root)
     log.info("download: %s verified and complete", _display(ref))
     return result
 
