@@ -8,16 +8,14 @@ from __future__ import annotations
 import contextlib
 import io
 import shutil
-import socket
 import tarfile
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import uvicorn
 from fastapi import FastAPI, Request
+from serve_process import free_port, serve_app
 
 from preheat.engine.api_errors import APIError
 from preheat.engine.http_auth import Authentication
@@ -133,12 +131,6 @@ def test_a_young_snapshot_is_served_as_is_an_old_one_is_replaced_by_a_fresh_save
 
 # -- over HTTP -----------------------------------------------------------------------------------
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
 def peer(directory: Path, records, secret=SECRET, ready: bool = True,
          api_key: str | None = CLIENT_KEY) -> Iterator[str]:
@@ -155,23 +147,8 @@ def peer(directory: Path, records, secret=SECRET, ready: bool = True,
     aengine.is_ready = ready
     add_snapshot_peer_routes(app, aengine, saver)
     app.add_middleware(Authentication, api_key=api_key, peer_secret=secret)
-    with serving(app) as url:
+    with serve_app(app) as url:
         yield url
-
-
-@contextlib.contextmanager
-def serving(app) -> Iterator[str]:
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
 
 
 def test_a_new_pod_restores_what_its_peer_has_cached(tmp_path):
@@ -227,7 +204,7 @@ def test_a_pod_posing_as_a_peer_is_refused_at_the_signature(tmp_path):
 
 
 def test_no_peer_and_a_peer_with_nothing_cached_mean_warming_cold(tmp_path):
-    nobody = f"http://127.0.0.1:{_free_port()}"
+    nobody = f"http://127.0.0.1:{free_port()}"
     assert fetch_latest(nobody, tmp_path / "a", timeout=2).result == "unreachable"
     with peer(tmp_path / "peer", []) as url:
         fetched = fetch_latest(url, tmp_path / "a", keys=keys(KEY))
