@@ -329,7 +329,7 @@ async def reconcile(kube: Kube, namespace: str, name: str, events: EventSink,
         template_hash = render.template_hash(render.pod_spec(name, spec))
 
         async def ensure_children() -> None:
-            if spec.snapshot.enabled and claim.conflict is None:
+            if spec.needs_peer_secret and claim.conflict is None:
                 await _ensure_peer_secret(kube, name, namespace, uid, claim.claim)
             found = [await _ensure_service(kube, name, namespace, uid),
                      await _ensure_autoscaler(kube, name, namespace, uid, spec),

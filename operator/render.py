@@ -156,13 +156,18 @@ def _engine_env(name: str, spec: ServiceSpec) -> list[dict[str, Any]]:
     }
     if model.remote:
         env["PREHEAT_DOWNLOAD_DIR"] = MODEL_CACHE_DIR
+    if model.peer_fetch:
+        # PodLocal: a new pod takes the model from a Ready peer (the same Service and peer
+        # secret as the snapshot fetch), the hub or bucket only when no peer has it.
+        env["PREHEAT_MODEL_PEER_URL"] = peer_url(name)
+    if spec.needs_peer_secret:
+        # The service's peer secret (operator/peer_secret.py): /admin/* and snapshot HMACs.
+        env[peer_secret.ENV] = peer_secret.MOUNT_DIR
     if spec.engine.tensor_parallel_size > 1:
         env["PREHEAT_TENSOR_PARALLEL_SIZE"] = str(spec.engine.tensor_parallel_size)
     if spec.warmup_templates:
         env["PREHEAT_WARMUP_TEMPLATES"] = TEMPLATES_DIR
     if spec.snapshot.enabled:
-        # The service's peer secret (operator/peer_secret.py): /admin/* and snapshot HMACs.
-        env[peer_secret.ENV] = peer_secret.MOUNT_DIR
         env["PREHEAT_SNAPSHOT_DIR"] = SNAPSHOT_DIR
         env["PREHEAT_SNAPSHOT_INTERVAL"] = str(spec.snapshot.interval_seconds)
         env["PREHEAT_SHUTDOWN_SNAPSHOT_TIMEOUT"] = str(budget.snapshot)
@@ -222,7 +227,7 @@ def _volumes(name: str, spec: ServiceSpec) -> tuple[list[dict[str, Any]], list[d
     if spec.warmup_templates:
         volumes.append({"name": "warmup-templates", "configMap": {"name": spec.warmup_templates}})
         mounts.append({"name": "warmup-templates", "mountPath": TEMPLATES_DIR, "readOnly": True})
-    if spec.snapshot.enabled:
+    if spec.needs_peer_secret:
         volumes.append(peer_secret.volume(name))
         mounts.append(peer_secret.mount())
     if spec.snapshot.shared:

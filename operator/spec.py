@@ -56,6 +56,13 @@ class ModelSource:
         """The engine downloads it (hub or S3) rather than reading a path."""
         return bool(self.uri)
 
+    @property
+    def peer_fetch(self) -> bool:
+        """Each pod downloads into its own emptyDir: a new pod takes the files from a Ready
+        peer of the service first (the engine's --model-peer-url), the source only when no
+        peer has them."""
+        return self.remote and self.cache.storage == CACHE_POD_LOCAL
+
 
 def _model_uri(uri: str | None) -> tuple[str | None, str | None, str | None]:
     """(uri for the engine, claim, path in claim) from spec.model.uri."""
@@ -218,6 +225,11 @@ class ServiceSpec:
     failover: FailoverSpec = FailoverSpec()
     rollout: RolloutSpec = RolloutSpec()
     disruption_budget: DisruptionBudgetSpec = DisruptionBudgetSpec()
+
+    @property
+    def needs_peer_secret(self) -> bool:
+        """Engines call each other's /admin/*: for snapshots, or for model files."""
+        return self.snapshot.enabled or self.model.peer_fetch
 
 
 _PERCENT = re.compile(r"^(0|[1-9][0-9]*)%$")

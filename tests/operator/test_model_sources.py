@@ -57,11 +57,31 @@ def test_remote_models_download_into_the_cache_volume(storage, volume):
     # The Secret's keys (HF_TOKEN, AWS_*) reach the engine from the pod spec: the operator
     # never reads the Secret.
     assert c["envFrom"] == [{"secretRef": {"name": "hf-token"}}]
+    # PodLocal: a new pod asks a Ready peer first, over the Service the snapshot fetch uses,
+    # with the service's peer secret; a shared cache needs no peer.
+    pod_local = storage is None
+    assert env(pod).get("PREHEAT_MODEL_PEER_URL") == (render.peer_url("svc") if pod_local else None)
+    if pod_local:
+        assert env(pod)["PREHEAT_PEER_SECRET_FILE"] == "/etc/preheat/peer-secret"
+        assert any(v["name"] == "peer-secret" for v in pod["volumes"])
     claim = render.model_cache_claim("svc", "ns", "uid-1", s)
     assert (claim is not None) == (storage == "SharedVolume")
     if claim:
         assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
         assert claim["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+
+
+def test_a_pod_local_model_cache_brings_the_peer_secret_without_snapshots():
+    s = parse_spec({**IMAGE, "model": {"uri": "hf://org/name"}, "snapshot": {"enabled": False}})
+    pod = render.pod_spec("svc", s)
+    assert s.needs_peer_secret and "PREHEAT_SNAPSHOT_DIR" not in env(pod)
+    assert env(pod)["PREHEAT_MODEL_PEER_URL"] == render.peer_url("svc")
+    assert env(pod)["PREHEAT_PEER_SECRET_FILE"] == "/etc/preheat/peer-secret"
+    assert any(v["name"] == "peer-secret" for v in pod["volumes"])
+    shared = parse_spec({**IMAGE, "model": {"uri": "hf://org/name", "cache": {"storage": "SharedVolume"}},
+                         "snapshot": {"enabled": False}})
+    assert not shared.needs_peer_secret
+    assert "PREHEAT_MODEL_PEER_URL" not in env(render.pod_spec("svc", shared))
 
 
 def test_local_models_get_no_cache_volume():
