@@ -1,8 +1,9 @@
 """An InferenceService whose model comes from the hub stand-in (tests/standins/hub_server.py)
 on the local harness: the first pod downloads into the shared model cache, the warm pod and
-a scale-up read it from there (counted in bytes the stand-in served per file); a service
-whose model does not exist reports ModelUnavailable with the engine's message and does not
-storm pods."""
+a scale-up read it from there (counted in bytes the stand-in served per file); with the
+PodLocal cache (each pod its own emptyDir) the warm pod and a scale-up take the files from a
+Ready peer instead; a service whose model does not exist reports ModelUnavailable with the
+engine's message and does not storm pods."""
 
 from __future__ import annotations
 
@@ -26,9 +27,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 REPO = "test-org/tiny-llama"
 
 
-def service(name: str, uri: str, hub_url: str, replicas: int = 1) -> dict:
-    body = manifests.inference_service(name, replicas=replicas, warm_pool=1, templates=False, snapshot=False)
-    body["spec"]["model"] = {"uri": uri, "cache": {"storage": "SharedVolume", "size": "1Gi"}}
+def service(name: str, uri: str, hub_url: str, replicas: int = 1, warm_pool: int = 1,
+            storage: str = "SharedVolume") -> dict:
+    body = manifests.inference_service(name, replicas=replicas, warm_pool=warm_pool, templates=False,
+                                       snapshot=False)
+    body["spec"]["model"] = {"uri": uri, "cache": {"storage": storage, "size": "1Gi"}}
     body["spec"]["engine"]["env"] = [*body["spec"]["engine"]["env"],
                                      {"name": "HF_ENDPOINT", "value": hub_url},
                                      {"name": "HF_HUB_DISABLE_PROGRESS_BARS", "value": "1"},
@@ -36,13 +39,47 @@ def service(name: str, uri: str, hub_url: str, replicas: int = 1) -> dict:
     return body
 
 
-async def test_pods_share_one_download(tmp_path):
+def tiny_model(tmp_path: Path) -> Path:
     from transformers import AutoTokenizer
 
     from preheat.engine.model.loader import default_model_path
 
     gguf = Path(default_model_path())
-    tiny = build_tiny_model(tmp_path / "tiny", "llama", AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name))
+    return build_tiny_model(tmp_path / "tiny", "llama", AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name))
+
+
+async def test_pod_local_caches_fill_from_a_ready_peer(tmp_path):
+    tiny = tiny_model(tmp_path)
+    with HubStandIn() as hub:
+        hub.add(REPO, {p.name: p for p in tiny.iterdir() if p.is_file()})
+        sizes = {(REPO, n): p.stat().st_size for n, p in hub.repos[REPO].files.items()}
+        async with local_cluster(tmp_path / "node") as cluster:
+            try:
+                # One pod first: pods started together, before any is Ready, each ask the hub.
+                await cluster.kube.create(INFERENCE_SERVICES, cluster.namespace,
+                                          service("podlocal", f"hf://{REPO}", hub.url, warm_pool=0,
+                                                  storage="PodLocal"))
+
+                async def ready(replicas: int, warm: int):
+                    st = await status_of(cluster, "podlocal")
+                    assert (st.get("readyReplicas"), st.get("warmReplicas") or 0) == (replicas, warm), st
+                    return st
+                await eventually(lambda: ready(1, 0), 300, interval=0.5)
+                assert hub.served == sizes
+                # The warm pod and a scale-up past it: each its own emptyDir, filled from
+                # the Ready peer over the engines' Service; the hub serves no more bytes.
+                await cluster.kube.patch(INFERENCE_SERVICES, cluster.namespace, "podlocal",
+                                         {"spec": {"warmPool": {"size": 1}, "replicas": 2}})
+                await eventually(lambda: ready(2, 1), 300, interval=0.5)
+                assert len(await pods_of(cluster, "podlocal")) == 3
+                assert hub.served == sizes
+            except BaseException:
+                print(cluster.diagnostics())
+                raise
+
+
+async def test_pods_share_one_download(tmp_path):
+    tiny = tiny_model(tmp_path)
     with HubStandIn() as hub:
         hub.add(REPO, {p.name: p for p in tiny.iterdir() if p.is_file()})
         sizes = {(REPO, n): p.stat().st_size for n, p in hub.repos[REPO].files.items()}
