@@ -3,7 +3,10 @@ S3 server (tests/standins/, both on 127.0.0.1), loaded by real `preheat serve` p
 share one --download-dir and one weight cache, as pods sharing a model cache do.
 
 For each source: the first pod (downloads, converts the GGUF) and the next pod (reads both
-caches): time to ready (spawn -> /ready 200), the download step (preheat_startup_step_seconds
+caches); for the hub also "next pod, peer fetch": a pod with its own --download-dir (the
+PodLocal model cache) that takes the file from the still-running next pod
+(--model-peer-url, the peer secret) — it shares the weight cache, so its time is the fetch,
+not a second GGUF conversion: time to ready (spawn -> /ready 200), the download step (preheat_startup_step_seconds
 {step="download"}), bytes fetched (preheat_model_download_bytes_total, and for the hub the
 bytes the stand-in served). The floor: a plain copy of the same file on the same disk.
 
@@ -19,7 +22,9 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
@@ -40,15 +45,20 @@ def metric(text: str, name: str, labels: str = "") -> float:
     return float(m.group(1)) if m else 0.0
 
 
-def one_pod(tmp: Path, model: str, env: dict[str, str], name: str, shared: Path) -> dict[str, float]:
-    flags = [*FLAGS, "--model", model, "--download-dir", str(shared / "downloads"),
-             "--weight-cache-dir", str(shared / "weights")]
+def one_pod(tmp: Path, model: str, env: dict[str, str], name: str, shared: Path,
+            extra: tuple[str, ...] = (), downloads: Path | None = None,
+            then: Callable[[Any], None] | None = None) -> dict[str, float]:
+    """One pod to ready; `then(server)` runs while it still serves (a peer for the next)."""
+    flags = [*FLAGS, "--model", model, "--download-dir", str(downloads or shared / "downloads"),
+             "--weight-cache-dir", str(shared / "weights"), *extra]
     t = time.monotonic()
     srv = start(tmp, flags, env={**env, "HF_HUB_DISABLE_PROGRESS_BARS": "1"}, name=name)
     try:
         srv.wait_ready(600)
         ready_s = time.monotonic() - t
         text = srv.metrics()
+        if then is not None:
+            then(srv)
     finally:
         srv.stop()
     return {"ready_s": ready_s,
@@ -69,10 +79,21 @@ def main() -> None:
             hub.add(REPO, {DEFAULT_GGUF_NAME: gguf})
             shared = tmp / "hub-cache"
             env = {"HF_ENDPOINT": hub.url}
+            model = f"hf://{REPO}/{DEFAULT_GGUF_NAME}"
+            secret = tmp / "peer-secret"
+            secret.write_text("bench-peer-secret-0123456789abcdef\n")
+            peer = ("--peer-secret-file", str(secret))
+
+            def peer_fetch(serving: Any) -> None:
+                before = hub.bytes_served()
+                r = one_pod(tmp, model, env, "hub-peer", shared, (*peer, "--model-peer-url", serving.url),
+                            downloads=tmp / "pod-local-downloads")
+                rows.append(("hub stand-in", "next pod, peer fetch (PodLocal)", r, hub.bytes_served() - before))
+
             for i, label in enumerate(("first pod", "next pod")):
                 before = hub.bytes_served()
-                r = one_pod(tmp, f"hf://{REPO}/{DEFAULT_GGUF_NAME}", env, f"hub-{i}", shared)
-                rows.append(("hub stand-in", label, r, hub.bytes_served() - before))
+                r = one_pod(tmp, model, env, f"hub-{i}", shared, peer, then=peer_fetch if i else None)
+                rows.insert(len(rows) - i, ("hub stand-in", label, r, hub.bytes_served() - before))
         with S3StandIn() as s3:
             s3.put_file("models", f"smollm2/{DEFAULT_GGUF_NAME}", gguf)
             shared = tmp / "s3-cache"
@@ -97,7 +118,10 @@ def write(rows, size: int, copy_s: float) -> None:
         "hub stand-in (tests/standins/hub_server.py, huggingface_hub client) and moto's S3 server "
         "(boto3 client). Each pod is a real `preheat serve` process; the pods of one source share "
         "--download-dir and the weight cache, as pods sharing a model cache claim do "
-        "(spec.model.cache.storage SharedVolume, or NodeLocal on one node).",
+        "(spec.model.cache.storage SharedVolume, or NodeLocal on one node). The peer-fetch row is "
+        "a pod with its own --download-dir (PodLocal) taking the file from the running next pod "
+        "over HTTP (`/admin/model/*`, the peer secret), verified against the hub's sha256; it "
+        "shares the weight cache so that its time is the fetch, not a second conversion.",
         "",
         "| source | pod | time to ready (s) | download step (s) | bytes fetched (engine) | bytes served (stand-in) "
         "| download throughput (MB/s) |",
