@@ -30,7 +30,7 @@ def test_gguf_once_then_from_the_marker(hub_endpoint, hub, tmp_path):
     size = repo_size(hub, GGUF_REPO, {DEFAULT_GGUF_NAME})
     assert got.path.endswith(DEFAULT_GGUF_NAME) and got.served_name == GGUF_REPO
     assert hub.bytes_served(GGUF_REPO) - before == size  # only the named file, once
-    assert progress.as_dict() == {"bytes_done": size, "bytes_total": size}
+    assert progress.as_dict() == {"bytes_done": size, "bytes_total": size, "source": "hub"}
     assert sum(fetched_bytes) == size == progress.fetched
 
     # A restart: one revision call, no tree listing, no file bytes.

@@ -24,7 +24,7 @@ def test_folder_once_then_from_the_marker(s3_env, tiny_dir, tmp_path):
     for name in files:
         assert (Path(got.path) / name).read_bytes() == (tiny_dir / name).read_bytes()
     total = sum((tiny_dir / n).stat().st_size for n in files)
-    assert progress.fetched == total and progress.as_dict() == {"bytes_done": total, "bytes_total": total}
+    assert progress.fetched == total and progress.as_dict() == {"bytes_done": total, "bytes_total": total, "source": "s3"}
     assert got.served_name == "tiny-llama"
     again = Progress()
     assert fetch("s3://models/tiny-llama", tmp_path, again).path == got.path
