@@ -39,7 +39,8 @@ async def _one(client: httpx.AsyncClient, url: str) -> dict[str, Any] | None:
     try:
         # Streamed, at most 1 MiB within the timeout (scrape.read_capped): the pod's image
         # is the CR author's choice, and the operator serves every service.
-        body = json.loads(await read_capped(client, url, TIMEOUT_S))
+        # /ready is 503 until the pod serves: the progress is in that 503's body.
+        body = json.loads(await read_capped(client, url, TIMEOUT_S, also_ok=(503,)))
     except (httpx.HTTPError, ValueError, asyncio.TimeoutError):
         return None
     return body if isinstance(body, dict) and body.get("phase") == "downloading" else None

@@ -59,14 +59,16 @@ class TooLarge(ValueError):
 
 
 async def read_capped(client: httpx.AsyncClient, url: str, timeout: float,
-                      cap: int = MAX_METRICS_BYTES) -> str:
+                      cap: int = MAX_METRICS_BYTES, also_ok: tuple[int, ...] = ()) -> str:
     """The body of GET url, streamed, at most `cap` bytes, all of it within `timeout`
     seconds (httpx's own timeouts are per read: a pod trickling a byte at a time would hold
-    the scrape round forever)."""
+    the scrape round forever). `also_ok`: error statuses whose body is still wanted (/ready
+    is 503 while it downloads, with the progress in its body)."""
 
     async def read() -> str:
         async with client.stream("GET", url, timeout=timeout) as resp:
-            resp.raise_for_status()
+            if resp.status_code not in also_ok:
+                resp.raise_for_status()
             declared = resp.headers.get("content-length", "")
             if declared.isdigit() and int(declared) > cap:
                 raise TooLarge(f"/metrics of {declared} bytes is over {cap}")

@@ -133,3 +133,21 @@ def test_only_running_unready_pods_are_asked_for_progress():
                 "status": {"phase": phase, "podIP": ip, "conditions": [{"type": "ContainersReady", "status": ready}]}}
     pods = [p("starting"), p("ready", ready="True"), p("pending", phase="Pending"), p("no-ip", ip=None)]
     assert candidates(pods) == {"starting": "http://10.0.0.7:8000/ready"}
+
+
+async def test_download_progress_is_read_from_the_503_ready_body():
+    """/ready is 503 until the pod serves; the progress is in that body (a read that
+    raised on the status saw no pod downloading)."""
+    import httpx
+
+    from preheat.operator.model_progress import downloading
+
+    def ready(request: httpx.Request) -> httpx.Response:
+        body = b'{"phase": "downloading", "bytes_done": 5, "bytes_total": 9, "source": "peer"}'
+        return httpx.Response(503, stream=httpx.ByteStream(body))
+
+    pod = raw_pod("p-1", None)
+    pod["status"]["podIP"] = "10.0.0.7"
+    async with httpx.AsyncClient(transport=httpx.MockTransport(ready)) as client:
+        got = await downloading(client, [pod])
+    assert got == [{"pod": "p-1", "bytesDone": 5, "bytesTotal": 9}]
