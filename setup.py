@@ -24,6 +24,7 @@ PROGRAM_DIRS: dict[str, str] = {
     "preheat": "cli",
     "preheat.engine": "engine",
     "preheat.operator": "operator",
+    "preheat.router": "router",
 }
 
 
