@@ -1,4 +1,4 @@
-"""The `preheat` command: dispatches to the engine server or the operator.
+"""The `preheat` command: dispatches to the engine server, the operator or the router.
 
 Each program parses its own flags, so `preheat serve --help` and
 `preheat operator --help` are complete and owned by the program they describe.
@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import sys
 
-USAGE = """usage: preheat {serve,operator} [options]
+USAGE = """usage: preheat {serve,operator,router} [options]
 
   serve      run the inference engine (OpenAI-compatible server)
   operator   run the Kubernetes operator for InferenceService resources
+  router     run the cache-aware router in front of one InferenceService's engines
 
-Run `preheat serve --help` or `preheat operator --help` for their options."""
+Run `preheat serve --help`, `preheat operator --help` or `preheat router --help` for
+their options."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,6 +37,10 @@ def main(argv: list[str] | None = None) -> int:
         from preheat.operator.main import main as operator_main
 
         return operator_main(rest)
+    if command == "router":
+        from preheat.router.main import main as router_main
+
+        return router_main(rest)
     print(f"preheat: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
     return 2
 
