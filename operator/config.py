@@ -32,6 +32,9 @@ class OperatorConfig:
     metrics_timeout: float = 2.0
     autoscale_log: str | None = None  # append every autoscaling pass as a JSON line
     liveness: str | None = None  # e.g. http://0.0.0.0:8080/healthz
+    # The router pods' image (the chart passes the operator's own); None: the engine image.
+    router_image: str | None = None
+    router_service_account: str = "preheat-router"  # the chart's per-namespace account
     log_level: str = "info"
     # Per-service NetworkPolicies (operator/network_policy.py); the chart fills them in.
     network: PolicySettings = field(default_factory=PolicySettings)
@@ -90,6 +93,10 @@ def parse_args(argv: list[str]) -> OperatorConfig:
                         "decision, its reason) to this file as JSON lines.")
     p.add_argument("--liveness", default=_env("LIVENESS"),
                    help="Liveness endpoint, e.g. http://0.0.0.0:8080/healthz.")
+    p.add_argument("--router-image", default=_env("ROUTER_IMAGE"),
+                   help="Image of the router pods (default: each service's engine image).")
+    p.add_argument("--router-service-account", default=_env("ROUTER_SERVICE_ACCOUNT", "preheat-router"),
+                   help="ServiceAccount the router pods run as (get/list/watch of pods).")
     p.add_argument("--log-level", default=_env("LOG_LEVEL", "info"),
                    choices=("debug", "info", "warning", "error"))
     p.add_argument("--network-policies", choices=("on", "off"),
@@ -143,5 +150,6 @@ def parse_args(argv: list[str]) -> OperatorConfig:
                           resync_seconds=a.resync_seconds,
                           autoscale_interval=a.autoscale_interval,
                           metrics_timeout=a.metrics_timeout, autoscale_log=a.autoscale_log,
-                          liveness=a.liveness,
+                          liveness=a.liveness, router_image=a.router_image,
+                          router_service_account=a.router_service_account,
                           log_level=a.log_level, network=network)

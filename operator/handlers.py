@@ -119,7 +119,9 @@ async def reconcile_loop(memo: OperatorState, stopped: kopf.DaemonStopped, names
             wake.clear()
             try:
                 outcome = await reconcile(memo.client(), namespace, name, _post_event, logger,
-                                          network=memo.config.network)
+                                          network=memo.config.network,
+                                          router_image=memo.config.router_image,
+                                          router_service_account=memo.config.router_service_account)
                 failures = 0
                 delay = memo.config.resync_seconds
                 if outcome is not None and outcome.recheck_at is not None:

@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from preheat.operator import model_progress, peer_secret, render
+from preheat.operator import model_progress, peer_secret, render, render_router
 from preheat.operator.decide import (
     Action,
     CreatePod,
@@ -48,10 +48,12 @@ from preheat.operator.resources import (
     PODS,
     PVCS,
     ROLE_DRAINING,
+    ROLE_ROUTER,
     SECRETS,
     SERVICES,
     WARM_CONDITION,
 )
+from preheat.operator.router_children import RouterState, reconcile_router
 from preheat.operator.spec import ServiceSpec, SpecError, parse_spec
 from preheat.operator.status import Observation, compute
 
@@ -92,13 +94,18 @@ def _now() -> str:
     return _rfc3339(time.time())
 
 
+def _role(pod: Mapping[str, Any]) -> str:
+    return ((pod.get("metadata") or {}).get("labels") or {}).get(LABEL_ROLE, "")
+
+
 def _owned(obj: Mapping[str, Any], uid: str) -> bool:
     refs = (obj.get("metadata") or {}).get("ownerReferences") or []
     return any(r.get("uid") == uid for r in refs)
 
 
-async def _ensure_service(kube: Kube, name: str, ns: str, uid: str) -> Conflict | None:
-    want = render.service(name, ns, uid)
+async def _ensure_service(kube: Kube, name: str, ns: str, uid: str,
+                          selector: dict[str, str]) -> Conflict | None:
+    want = render.service(name, ns, uid, selector)
     have = await kube.get(SERVICES, ns, name)
     owner = ownership(have, name, uid)
     if owner is Ownership.ABSENT:
@@ -294,10 +301,13 @@ def _report_failovers(body: Mapping[str, Any], p: Plan, target: Target,
 async def reconcile(kube: Kube, namespace: str, name: str, events: EventSink,
                     logger: logging.Logger | logging.LoggerAdapter = log,
                     network: PolicySettings | None = None,
+                    router_image: str | None = None,
+                    router_service_account: str = render_router.ROUTER_SERVICE_ACCOUNT,
                     ) -> Outcome | None:
     """Reconcile once; returns the status written and when to look again (None if the
     resource is gone). `network`: how to render the service's NetworkPolicies (None: the
-    operator renders none, e.g. in tests that do not look at them)."""
+    operator renders none, e.g. in tests that do not look at them). router_image: the
+    router pods' image (default the engine image, which ships the same `preheat`)."""
     body = await kube.get(INFERENCE_SERVICES, namespace, name)
     if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
         return None  # owner references cascade the children away
@@ -315,11 +325,17 @@ async def reconcile(kube: Kube, namespace: str, name: str, events: EventSink,
     except SpecError as e:
         blocking.append((e.reason, e.message))
 
+    routers: list[dict[str, Any]] = []
+
     def owned_pods(raw: list[dict[str, Any]]):
-        return tuple(view(p) for p in raw if _owned(p, uid))
+        # Router pods are not engines: the warm-pool, failover and status decisions never
+        # see them (router_children.py keeps them).
+        routers[:] = [p for p in raw if _owned(p, uid) and _role(p) == ROLE_ROUTER]
+        return tuple(view(p) for p in raw if _owned(p, uid) and _role(p) != ROLE_ROUTER)
 
     raw_pods = [p for p in await kube.list(PODS, namespace, {LABEL_SERVICE: name}) if _owned(p, uid)]
-    pods = tuple(view(p) for p in raw_pods)
+    pods = owned_pods(raw_pods)
+    router_state: RouterState | None = None
     snapshot_phase = None
     template_hash = ""
     history = _history(previous)
@@ -329,9 +345,14 @@ async def reconcile(kube: Kube, namespace: str, name: str, events: EventSink,
         template_hash = render.template_hash(render.pod_spec(name, spec))
 
         async def ensure_children() -> None:
+            nonlocal router_state
             if spec.needs_peer_secret and claim.conflict is None:
                 await _ensure_peer_secret(kube, name, namespace, uid, claim.claim)
-            found = [await _ensure_service(kube, name, namespace, uid),
+            router_state, found_router = await reconcile_router(
+                kube, body, spec, routers, router_image or spec.engine.image, events,
+                allow_create=not blocking, service_account=router_service_account)
+            selector = render_router.client_selector(name, spec, router_state.ready > 0)
+            found = [*found_router, await _ensure_service(kube, name, namespace, uid, selector),
                      await _ensure_autoscaler(kube, name, namespace, uid, spec),
                      await _ensure_disruption_budget(kube, name, namespace, uid, spec)]
             conflicts.extend(c for c in found if c is not None)
@@ -399,13 +420,21 @@ async def reconcile(kube: Kube, namespace: str, name: str, events: EventSink,
     status = compute(obs, render.selector_string(name), previous, _now())
     progress_recheck = None
     if spec is not None and spec.model.remote:
-        raw = [p for p in await kube.list(PODS, namespace, {LABEL_SERVICE: name}) if _owned(p, uid)]
+        raw = [p for p in await kube.list(PODS, namespace, {LABEL_SERVICE: name})
+               if _owned(p, uid) and _role(p) != ROLE_ROUTER]  # engines download, routers do not
         async with httpx.AsyncClient() as client:
             status["model"] = {"uri": spec.model.uri, "downloading": await model_progress.downloading(client, raw)}
         if status["model"]["downloading"]:
             progress_recheck = time.time() + model_progress.RECHECK_S
     elif "model" in previous:
         status["model"] = None
+    if spec is not None and spec.router.enabled and router_state is not None:
+        selects = "router" if router_state.ready > 0 else "serving"
+        status["router"] = router_state.status(spec.router.replicas, selects)
+    elif spec is not None and "router" in previous and not spec.router.enabled:
+        status["router"] = None
+    elif "router" in previous:
+        status["router"] = previous["router"]
     engine_mode = bool(spec and spec.autoscaling and spec.autoscaling.engine_mode)
     if "autoscaling" in previous and not engine_mode:
         status["autoscaling"] = None  # the built-in autoscaler's last word no longer applies

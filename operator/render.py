@@ -121,9 +121,10 @@ def shutdown_budget(spec: ServiceSpec) -> ShutdownBudget:
 
 
 def peer_url(name: str) -> str:
-    """The Service, by its short name (pods live in its namespace): it routes to ready
-    serving pods only, which hold the hottest prefixes."""
-    return f"http://{name}:{ENGINE_PORT}"
+    """The headless Service `<name>-engines`, by its short name (pods live in its
+    namespace): ready serving pods only, which hold the hottest prefixes — never the
+    routers the client Service may select, which do not proxy /admin/*."""
+    return f"http://{name}-engines:{ENGINE_PORT}"
 
 
 def default_spread(name: str) -> list[dict[str, Any]]:
@@ -340,14 +341,17 @@ def pod(name: str, namespace: str, uid: str, spec: ServiceSpec, pod_name: str, r
     }
 
 
-def service(name: str, namespace: str, uid: str) -> dict[str, Any]:
+def service(name: str, namespace: str, uid: str,
+            selector: dict[str, str] | None = None) -> dict[str, Any]:
+    """The clients' Service `<name>`; `selector` (render_router.client_selector) picks the
+    router pods or the serving pods, default the serving pods."""
     return {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": child_metadata(name, namespace, uid),
         "spec": {
             "type": "ClusterIP",
-            "selector": selector_labels(name),
+            "selector": selector or selector_labels(name),
             "ports": [{"name": "http", "port": ENGINE_PORT, "targetPort": "http",
                        "protocol": "TCP"}],
         },

@@ -25,6 +25,8 @@ ROLE_WARM = "warm"
 # A serving pod on its way out: already out of the Service's endpoints (it no longer
 # matches role=serving), deleted once they have had time to notice (DRAINING_SINCE).
 ROLE_DRAINING = "draining"
+# The router pods (`preheat router`): outside the engine pod set, never promoted or demoted.
+ROLE_ROUTER = "router"
 WARM_CONDITION = "preheat.dev/warm"
 DRAINING_SINCE = "preheat.dev/draining-since"  # pod annotation, RFC 3339
 

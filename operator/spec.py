@@ -213,6 +213,14 @@ class ReadinessSpec:
 
 
 @dataclass(frozen=True)
+class RouterSpec:
+    """spec.router: the `preheat router` pods in front of the engines (docs/router.md)."""
+    enabled: bool = True
+    replicas: int = 2
+    resources: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class ServiceSpec:
     model: ModelSource
     engine: EngineSpec
@@ -225,6 +233,7 @@ class ServiceSpec:
     failover: FailoverSpec = FailoverSpec()
     rollout: RolloutSpec = RolloutSpec()
     disruption_budget: DisruptionBudgetSpec = DisruptionBudgetSpec()
+    router: RouterSpec = RouterSpec()
 
     @property
     def needs_peer_secret(self) -> bool:
@@ -375,6 +384,10 @@ def parse_spec(spec: Mapping[str, Any]) -> ServiceSpec:
                                           "rollout.progressDeadlineSeconds"),
     )
     pdb = spec.get("disruptionBudget") or {}
+    router = spec.get("router") or {}
+    router_replicas = _nonneg(router.get("replicas", 2), "router.replicas")
+    if router_replicas < 1:
+        raise SpecError("InvalidSpec", "router.replicas must be at least 1 (or router.enabled: false)")
     out = ServiceSpec(
         model=ModelSource(
             path=model.get("path") or pvc.get("path") or uri_path,
@@ -435,6 +448,8 @@ def parse_spec(spec: Mapping[str, Any]) -> ServiceSpec:
             enabled=bool(pdb.get("enabled", True)),
             max_unavailable=_int_or_percent(pdb.get("maxUnavailable", 1),
                                             "disruptionBudget.maxUnavailable")),
+        router=RouterSpec(enabled=bool(router.get("enabled", True)), replicas=router_replicas,
+                          resources=dict(router.get("resources") or {})),
     )
     some = max(1, out.replicas)
     if out.warm_pool_size == 0 and rollout.surge(some) == 0 and rollout.unavailable(some) == 0:

@@ -118,3 +118,37 @@ def used_rules(peering: bool, namespaced: bool = True) -> set[Rule]:
                     plural = "kopfpeerings" if namespaced else "clusterkopfpeerings"
                     rules |= {("kopf.dev", plural, v) for v in kopf_peering_verbs()}
     return rules
+
+
+ROUTER_DIR = OPERATOR_DIR.parent / "router"
+
+
+def _text(node: ast.AST) -> str:
+    """A string literal, with an f-string's placeholders as {}."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr):
+        return "".join(v.value if isinstance(v, ast.Constant) else "{}" for v in node.values)
+    return ""
+
+
+def router_rules() -> set[Rule]:
+    """What `preheat router` does with the API, read from router/*.py: each collection path
+    it requests (`/api/v1/namespaces/{}/<plural>` or `/apis/<group>/<v>/namespaces/{}/<plural>`)
+    is listed; watched too where the same file sends a `watch` parameter."""
+    import re
+
+    path_re = re.compile(r"^/api/v1/namespaces/\{\}/([a-z]+)$|^/apis/([a-z0-9.]+)/[a-z0-9]+/namespaces/\{\}/([a-z]+)$")
+    rules: set[Rule] = set()
+    for path in sorted(ROUTER_DIR.glob("*.py")):
+        tree = ast.parse(path.read_text())
+        watches = any(isinstance(n, ast.Dict) and any(_text(k) == "watch" for k in n.keys if k)
+                      for n in ast.walk(tree))
+        for node in ast.walk(tree):
+            m = path_re.match(_text(node))
+            if m:
+                group, plural = ("", m.group(1)) if m.group(1) else (m.group(2), m.group(3))
+                rules.add((group, plural, "list"))
+                if watches:
+                    rules.add((group, plural, "watch"))
+    return rules

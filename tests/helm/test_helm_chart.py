@@ -13,7 +13,7 @@ import yaml
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "operator"))
 import crd_schema
 from helm_tools import ensure_tools
-from operator_api_usage import kopf_peering_verbs, used_rules
+from operator_api_usage import kopf_peering_verbs, router_rules, used_rules
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "preheat"
@@ -227,10 +227,14 @@ def test_bad_values_fail_with_a_clear_message(helm, tmp_path, case):
     assert expected in out.stderr, out.stderr
 
 
-def _granted(objects: list[dict], kinds: set[str]) -> set[tuple[str, str, str]]:
+ROUTER_ACCOUNT = "preheat-router"  # values.yaml router.serviceAccountName
+
+
+def _granted(objects: list[dict], kinds: set[str], router: bool = False) -> set[tuple[str, str, str]]:
+    """The grants of the operator's roles, or (router) of the router pods' roles."""
     granted = set()
     for obj in objects:
-        if obj["kind"] in kinds:
+        if obj["kind"] in kinds and (obj["metadata"]["name"] == ROUTER_ACCOUNT) == router:
             for rule in obj["rules"]:
                 for g in rule["apiGroups"]:
                     for r in rule["resources"]:
@@ -242,8 +246,9 @@ def _granted(objects: list[dict], kinds: set[str]) -> set[tuple[str, str, str]]:
 @pytest.mark.parametrize("values,peering,namespaced", [
     (None, False, True),
     ({"operator": {"replicas": 3}}, True, True),
-    ({"watch": {"allNamespaces": True}}, False, False),
-    ({"watch": {"allNamespaces": True}, "operator": {"replicas": 2}}, True, False),
+    ({"watch": {"allNamespaces": True}, "router": {"rbac": {"namespaces": ["llm"]}}}, False, False),
+    ({"watch": {"allNamespaces": True}, "operator": {"replicas": 2},
+      "router": {"rbac": {"namespaces": ["llm"]}}}, True, False),
 ], ids=["namespaced", "namespaced-peering", "cluster", "cluster-peering"])
 def test_rbac_grants_exactly_what_the_operator_code_uses(helm, tmp_path, values, peering,
                                                          namespaced):
@@ -252,6 +257,14 @@ def test_rbac_grants_exactly_what_the_operator_code_uses(helm, tmp_path, values,
     needed = used_rules(peering=peering, namespaced=namespaced)
     assert granted - needed == set(), "granted but never used"
     assert needed - granted == set(), "used but not granted"
+    # The router pods' account: exactly what router/ does with the API, in every namespace.
+    assert _granted(objects, {"Role", "ClusterRole"}, router=True) == router_rules() == \
+        {("", "pods", "list"), ("", "pods", "watch")}
+    router_roles = [o for o in objects if o["kind"] == "Role" and o["metadata"]["name"] == ROUTER_ACCOUNT]
+    bindings = [o for o in objects if o["kind"] == "RoleBinding" and o["metadata"]["name"] == ROUTER_ACCOUNT]
+    accounts = [o for o in objects if o["kind"] == "ServiceAccount" and o["metadata"]["name"] == ROUTER_ACCOUNT]
+    assert {o["metadata"]["namespace"] for o in router_roles} == \
+        {o["metadata"]["namespace"] for o in bindings} == {o["metadata"]["namespace"] for o in accounts}
     if namespaced:  # namespace-scoped grants except kopf's read-only namespace scan
         cluster = _granted(objects, {"ClusterRole"})
         assert cluster == {("", "namespaces", "list"), ("", "namespaces", "watch")}

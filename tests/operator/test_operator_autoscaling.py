@@ -132,6 +132,8 @@ async def eventually(check, timeout: float = 20.0) -> Any:
 async def pods_by_role(kube: Kube, name: str) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {"serving": [], "warm": []}
     for p in await kube.list(PODS, NS, {"preheat.dev/service": name}):
+        if p["metadata"]["labels"].get("preheat.dev/role") == "router":
+            continue  # not an engine
         out.setdefault(p["metadata"]["labels"]["preheat.dev/role"], []).append(p["metadata"]["name"])
     return out
 
@@ -276,7 +278,8 @@ async def test_an_autoscaled_scale_down_demotes_into_a_pool_below_size_and_drain
         await engines.ready(pod)
 
     async def all_gated():
-        pods = await kube.list(PODS, NS, {"preheat.dev/service": "shrink"})
+        pods = [p for p in await kube.list(PODS, NS, {"preheat.dev/service": "shrink"})
+                if p["metadata"]["labels"].get("preheat.dev/role") != "router"]
         return all(any(c.get("type") == "preheat.dev/warm" and c.get("status") == "True"
                        for c in p["status"].get("conditions") or []) for p in pods)
     await eventually(all_gated)

@@ -57,8 +57,10 @@ async def eventually(check: Callable[[], Awaitable[Any]], timeout: float = 15.0)
 
 
 async def pods_of(kube: Kube, name: str, role: str | None = None) -> list[dict[str, Any]]:
+    """The service's engine pods (of `role`); role "router": its router pods."""
     labels = {"preheat.dev/service": name, **({"preheat.dev/role": role} if role else {})}
-    return await kube.list(PODS, NS, labels)
+    return [p for p in await kube.list(PODS, NS, labels)
+            if role == "router" or p["metadata"]["labels"].get("preheat.dev/role") != "router"]
 
 
 def _now() -> str:

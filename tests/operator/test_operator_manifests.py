@@ -287,7 +287,7 @@ def test_engine_pods_by_default_spread_carry_no_token_and_split_the_grace_period
     # Pod-local snapshots: an emptyDir, and the Service as the peer to fetch from.
     [snap] = [v for v in ps["volumes"] if v["name"] == "snapshots"]
     assert "emptyDir" in snap
-    assert env["PREHEAT_SNAPSHOT_PEER_URL"] == "http://svc:8000"
+    assert env["PREHEAT_SNAPSHOT_PEER_URL"] == "http://svc-engines:8000"  # the headless engines Service
     assert render.disruption_budget("svc", "default", "uid", spec)["spec"]["maxUnavailable"] == 1
 
 

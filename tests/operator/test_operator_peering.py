@@ -108,7 +108,9 @@ async def stopped_at_exit(*replicas: Replica) -> AsyncIterator[None]:
 
 
 async def pod_count(kube: Kube, name: str) -> int:
-    return len(await kube.list(PODS, NS, {"preheat.dev/service": name}))
+    """Engine pods (the router pods are not what these tests count)."""
+    return len([p for p in await kube.list(PODS, NS, {"preheat.dev/service": name})
+                if p["metadata"]["labels"].get("preheat.dev/role") != "router"])
 
 
 async def peers(kube: Kube) -> dict[str, Any]:
