@@ -11,12 +11,12 @@ import kmock
 import kopf
 
 sys.path.append(str(Path(__file__).resolve().parents[1] / "operator"))
-from kmock_apiserver import KubeAPIServer  # noqa: E402
+from kmock_apiserver import KubeAPIServer
 
-from preheat.operator.kube import STRATEGIC, Kube  # noqa: E402
-from preheat.operator.resources import PODS  # noqa: E402
-from preheat.router.config import RouterConfig  # noqa: E402
-from preheat.router.discovery import Endpoints, api_access, engine_url, watch_engines  # noqa: E402
+from preheat.operator.kube import STRATEGIC, Kube
+from preheat.operator.resources import PODS
+from preheat.router.config import RouterConfig
+from preheat.router.discovery import Endpoints, api_access, engine_url, watch_engines
 
 NS = "default"
 
