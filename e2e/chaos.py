@@ -13,8 +13,12 @@ Events (each runs once the service has settled after the previous one):
     scale-down  replicas back to 1                               planned
     operator    operator SIGKILL, restarted 2 s later            planned
 
-A client's request is a streamed chat completion. Like a gateway with a per-try timeout, a
-client retries a request that failed before its first token (connection refused or reset,
+The traffic goes to the Service `<name>`, i.e. through the router pods (spec.router, on by
+default), with the clients' own retries off: the router retries what failed before any
+byte reached the client, and the goal for a failure is that no such request is lost
+(`through_router=False`: the old setup, clients retrying themselves). Without the router,
+like a gateway with a per-try timeout, a client retries a request that failed before its
+first token (connection refused or reset,
 a 503 from a draining engine, no first token within FIRST_TOKEN_TIMEOUT_S); a request that
 fails after tokens arrived cannot be retried unseen and counts as failed. The goals: no
 failed request for a planned event; for a failure only the requests in flight on the pod
@@ -152,6 +156,11 @@ class EventResult:
         return [r for r in self.requests if not r.ok]
 
     @property
+    def failed_unseen(self) -> list[RequestRecord]:
+        """Failed requests whose client had received nothing: the router could retry them."""
+        return [r for r in self.failed if not r.responded]
+
+    @property
     def failed_after_start(self) -> list[RequestRecord]:
         """Failed requests that were not in flight when the event struck."""
         return [r for r in self.failed if r.start >= self.start]
@@ -164,6 +173,7 @@ class ChaosRun:
     events: list[EventResult] = field(default_factory=list)
     baseline: list[RequestRecord] = field(default_factory=list)
     clients: int = 0
+    through_router: bool = True
 
 
 async def _status(c: LocalCluster, service: str) -> dict[str, Any]:
@@ -271,16 +281,20 @@ async def run_event(c: LocalCluster, service: str, name: str, monitor: CapacityM
 async def run(c: LocalCluster, service: str, events: tuple[str, ...], *, clients: int = 4,
               quiet_s: float = 5.0, baseline_s: float = 10.0, scale_to: int = 3,
               start_timeout: float = scenario.START_TIMEOUT_S,
-              on_event: Callable[[EventResult], Awaitable[None]] | None = None) -> ChaosRun:
-    """Applies the service (1 serving + 1 warm pod), starts the traffic, and runs the events
-    one after the other. Returns everything measured."""
+              on_event: Callable[[EventResult], Awaitable[None]] | None = None,
+              through_router: bool = True) -> ChaosRun:
+    """Applies the service (1 serving + 1 warm pod, 2 routers), starts the traffic, and runs
+    the events one after the other. Returns everything measured."""
     t = scenario.Timings()
-    await scenario.apply(c, service, t=t)
+    await scenario.apply(c, service, t=t, router=through_router)
     spec = (await c.kube.get(INFERENCE_SERVICES, c.namespace, service))["spec"]
-    result = ChaosRun(service, float(spec["failover"]["unreadySeconds"]), clients=clients)
+    result = ChaosRun(service, float(spec["failover"]["unreadySeconds"]), clients=clients,
+                      through_router=through_router)
     url = await c.service_url(service)
+    attempts = 1 if through_router else MAX_ATTEMPTS
     async with CapacityMonitor(c, service) as monitor, \
-            TrafficProcess(url, service, clients, c.root / "traffic.jsonl") as traffic:
+            TrafficProcess(url, service, clients, c.root / "traffic.jsonl",
+                           attempts=attempts) as traffic:
         # The baseline: steady traffic for baseline_s once the clients are up (their process
         # takes seconds to import the SDK).
         async def first_answers():
@@ -330,6 +344,7 @@ def summary(e: EventResult, grace: float | None = None) -> dict[str, Any]:
         e.back_at - (e.unready_at + e.grace_s)
     return {"sent": len(e.requests), "failed": len(e.failed),
             "failed_not_in_flight": len(e.failed_after_start),
+            "failed_before_any_byte": len(e.failed_unseen),
             "retried": sum(r.attempts > 1 for r in e.requests),
             "capacity_lost_s": round(e.capacity_lost_s, 2), "grace_s": e.grace_s,
             "back_s": None if back is None else round(back, 2),
@@ -364,6 +379,9 @@ def goals(run: ChaosRun) -> list[str]:
     for e in run.events:
         if e.kind == "planned" and e.failed:
             out.append(f"{e.name}: {len(e.failed)} request(s) failed: {e.failed[0].error}")
+        if run.through_router and e.kind == "failure" and e.failed_unseen:
+            out.append(f"{e.name}: {len(e.failed_unseen)} request(s) failed before any byte reached "
+                       f"the client (the router should have retried them): {e.failed_unseen[0].error}")
         if e.kind == "failure" and e.failed_after_start:
             out.append(f"{e.name}: {len(e.failed_after_start)} request(s) failed that were not "
                        f"in flight when it struck: {e.failed_after_start[0].error}")

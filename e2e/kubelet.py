@@ -24,7 +24,11 @@ It does what the operator and the scenario can observe of a kubelet:
   (SIGSTOP: connections hang, as to a machine that vanished) and nothing is reported for
   its pods any more; a pod of a lost node that is deleted is killed at once;
 - cluster DNS: an env value naming a Service (`http://<service>:<port>`) is rewritten to
-  the address of that Service's stand-in (e2e/service_proxy.py), through `dns`.
+  the address of that Service's stand-in (e2e/service_proxy.py), through `dns`;
+- API credentials, as a cluster gives them to a pod that does not opt out
+  (automountServiceAccountToken): a token, the namespace file (no ca.crt: the emulator
+  speaks plain HTTP) and KUBERNETES_SERVICE_HOST/PORT; the token directory's local path
+  is passed in env, as the pod IP is (podmap.service_account_env).
 
 Liveness probes, resource limits, image pulls and init containers are not modelled.
 envFrom takes Secrets only (secretRef), not ConfigMaps.
@@ -142,7 +146,8 @@ class LocalKubelet:
         self.max_grace_s = max_grace_s  # caps the grace period at harness shutdown only
         self.pods: dict[str, PodRuntime] = {}  # uid -> runtime, while the pod exists
         self.finished: list[PodRuntime] = []
-        self._client = httpx.AsyncClient(base_url=api_url.rstrip("/"), timeout=10)
+        self.api_url = api_url.rstrip("/")
+        self._client = httpx.AsyncClient(base_url=self.api_url, timeout=10)
         self._tasks: list[asyncio.Task] = []
         self._done: set[str] = set()  # uids whose pod has finished here
         self._closing = False
@@ -414,6 +419,8 @@ class LocalKubelet:
                                      root=self.root, node_dirs=self.node_dirs,
                                      base_env=self.base_env, pod_ip=rt.ip, hosts=hosts,
                                      secrets=rt.secrets, termination_log=termination_log)
+        if podmap.mounts_service_account(rt.pod):
+            plan.env.update(podmap.service_account_env(self.api_url, self._service_account(rt)))
         startup = podmap.probe(rt.pod, "startupProbe", rt.port, rt.ip)
         readiness = podmap.probe(rt.pod, "readinessProbe", rt.port, rt.ip)
         log_path = pod_dir / f"container-{rt.state.restart_count}.log"
@@ -488,6 +495,16 @@ class LocalKubelet:
                            last_exit_code=code, last_finished_at=_now(), last_message=message or None)
         log.info("pod %s: pid %d exited %d", rt.name, rt.proc.pid, code)
         return code
+
+    def _service_account(self, rt: PodRuntime) -> Path:
+        """The pod's token volume: a token of its own (the emulator checks none, as a cluster
+        without authentication would not) and its namespace."""
+        path = self.root / "pods" / rt.uid / "serviceaccount"
+        path.mkdir(parents=True, exist_ok=True)
+        if not (path / "token").exists():
+            (path / "token").write_text(f"e2e-{rt.name}-{random.getrandbits(64):016x}")
+        (path / "namespace").write_text(self.namespace)
+        return path
 
     async def _probe(self, probe: podmap.Probe) -> bool:
         url = f"http://{probe.host}:{probe.host_port}{probe.path}"

@@ -56,11 +56,12 @@ def inference_service(name: str, *, replicas: int = 1, warm_pool: int = 1,
                       namespace: str = NAMESPACE, failover_s: int = 2,
                       endpoint_delay_s: int = 1,
                       autoscaling: dict[str, Any] | None = None,
-                      api_key_secret: str | None = None) -> dict[str, Any]:
+                      api_key_secret: str | None = None, router: bool = True) -> dict[str, Any]:
     """The product's defaults except where noted: snapshots are pod-local (each pod's
     emptyDir, a new pod fetches one from a ready peer through the Service) unless
     shared_snapshots asks for a ReadWriteOnce shared claim (pods then share one node).
-    api_key_secret: the engines' API key from that Secret (its key API_KEY_SECRET_KEY)."""
+    api_key_secret: the engines' API key from that Secret (its key API_KEY_SECRET_KEY).
+    router: the default 2 router pods in front (the Service selects them); False: off."""
     spec: dict[str, Any] = {
         "model": {},  # the engine's embedded default model (SmolLM2-135M-Instruct)
         "engine": {"image": image, "env": ENGINE_ENV},
@@ -76,6 +77,8 @@ def inference_service(name: str, *, replicas: int = 1, warm_pool: int = 1,
                       "endpointDelaySeconds": endpoint_delay_s},
         "failover": {"unreadySeconds": failover_s},
     }
+    if not router:
+        spec["router"] = {"enabled": False}
     if templates:
         spec["warmupTemplates"] = {"configMap": TEMPLATES}
     if autoscaling:

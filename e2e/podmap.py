@@ -220,6 +220,28 @@ def plan(pod: Mapping[str, Any], *, commands: Mapping[str, Sequence[str]], host_
                        container_port=container_port, host_port=host_port)
 
 
+SERVICE_ACCOUNT_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
+def mounts_service_account(pod: Mapping[str, Any]) -> bool:
+    """Whether a cluster would mount the pod's service account token (the ServiceAccount
+    admission plugin adds the projected volume unless automountServiceAccountToken is false)."""
+    return (pod.get("spec") or {}).get("automountServiceAccountToken") is not False
+
+
+def service_account_env(api_url: str, local_dir: Path) -> dict[str, str]:
+    """What a container of such a pod finds: the API's address in KUBERNETES_SERVICE_HOST /
+    PORT (set by every kubelet) and, mapped like the pod's network, where the token volume
+    is here: the router's --service-account-dir (PREHEAT_ROUTER_SERVICE_ACCOUNT_DIR) instead
+    of SERVICE_ACCOUNT_MOUNT, which the local kubelet cannot mount."""
+    from urllib.parse import urlsplit
+
+    url = urlsplit(api_url)
+    return {"KUBERNETES_SERVICE_HOST": url.hostname or "127.0.0.1",
+            "KUBERNETES_SERVICE_PORT": str(url.port or (443 if url.scheme == "https" else 80)),
+            "PREHEAT_ROUTER_SERVICE_ACCOUNT_DIR": str(local_dir)}
+
+
 def probe(pod: Mapping[str, Any], kind: str, host_port: int,
           host: str = "127.0.0.1") -> Probe | None:
     """The container's `kind` probe ("startupProbe", "readinessProbe"), aimed at host:host_port."""

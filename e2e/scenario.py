@@ -67,8 +67,28 @@ def restarts(pod: dict[str, Any]) -> int:
                for c in (pod.get("status") or {}).get("containerStatuses") or [])
 
 
-async def pods_of(d: Driver, service: str) -> list[dict[str, Any]]:
+async def all_pods_of(d: Driver, service: str) -> list[dict[str, Any]]:
+    """Every pod of the service: engines and routers."""
     return await d.kube.list(PODS, d.namespace, {"preheat.dev/service": service})
+
+
+async def pods_of(d: Driver, service: str) -> list[dict[str, Any]]:
+    """The service's engine pods (serving, warm, draining): not its router pods."""
+    return [p for p in await all_pods_of(d, service) if role_of(p) != "router"]
+
+
+async def routers_ready(d: Driver, service: str, replicas: int = 2) -> dict[str, Any]:
+    """Waits until `replicas` router pods are Ready and the Service `<service>` selects
+    them (the operator switches it once one is Ready); returns the Service."""
+    async def switched():
+        ready = [p for p in await all_pods_of(d, service)
+                 if role_of(p) == "router" and is_live(p) and condition(p, "Ready")]
+        svc = await d.kube.get(SERVICES, d.namespace, service)
+        assert len(ready) == replicas, [name_of(p) for p in ready]
+        assert svc is not None and svc["spec"]["selector"] == {
+            "preheat.dev/service": service, "preheat.dev/role": "router"}, svc and svc["spec"]
+        return svc
+    return await eventually(switched, START_TIMEOUT_S, interval=0.2)
 
 
 async def ready_by_role(d: Driver, service: str) -> dict[str, list[str]]:
@@ -97,8 +117,10 @@ class Timings:
 # -- steps ----------------------------------------------------------------------------------
 
 async def apply(d: Driver, service: str, *, warm_pool: int = 1, t: Timings,
-                image: str = manifests.DEFAULT_IMAGE, api_key: str | None = None) -> None:
-    """Applies the template ConfigMap and the InferenceService; waits for 1 ready + N warm.
+                image: str = manifests.DEFAULT_IMAGE, api_key: str | None = None,
+                router: bool = True) -> None:
+    """Applies the template ConfigMap and the InferenceService; waits for 1 ready + N warm
+    (and, router True, for its 2 routers behind the Service).
     api_key: the engines require it, handed to them from a Secret (apiKeySecretRef)."""
     if await d.kube.get(CONFIGMAPS, d.namespace, manifests.TEMPLATES) is None:
         await d.kube.create(CONFIGMAPS, d.namespace, manifests.warmup_configmap(d.namespace))
@@ -109,7 +131,7 @@ async def apply(d: Driver, service: str, *, warm_pool: int = 1, t: Timings,
     start = time.monotonic()
     await d.kube.create(INFERENCE_SERVICES, d.namespace, manifests.inference_service(
         service, replicas=1, warm_pool=warm_pool, image=image, namespace=d.namespace,
-        api_key_secret=secret))
+        api_key_secret=secret, router=router))
 
     async def settled():
         st = await status_of(d, service)
@@ -131,11 +153,19 @@ async def apply(d: Driver, service: str, *, warm_pool: int = 1, t: Timings,
                      "FailoverBackoff": ("False", "NoBackoff"),
                      "ModelUnavailable": ("False", "ModelAvailable")}, conds
     assert {c["observedGeneration"] for c in st["conditions"]} == {1}
-    # The children a user sees.
-    svc = await d.kube.get(SERVICES, d.namespace, service)
-    assert svc is not None and svc["spec"]["selector"] == {
-        "preheat.dev/service": service, "preheat.dev/role": "serving"}
-    assert await d.kube.get(PDBS, d.namespace, service) is not None
+    # The children a user sees: the Service selects the routers (spec.router defaults), the
+    # headless <service>-engines the serving pods, the engines' budget stays role=serving.
+    serving = {"preheat.dev/service": service, "preheat.dev/role": "serving"}
+    if router:
+        await routers_ready(d, service)
+        t["routers_ready_s"] = time.monotonic() - start
+        assert (await status_of(d, service))["router"]["summary"] == "2/2"
+    else:
+        assert (await d.kube.get(SERVICES, d.namespace, service))["spec"]["selector"] == serving
+    engines = await d.kube.get(SERVICES, d.namespace, f"{service}-engines")
+    assert engines is not None and engines["spec"]["selector"] == serving
+    pdb = await d.kube.get(PDBS, d.namespace, service)
+    assert pdb is not None and pdb["spec"]["selector"]["matchLabels"]["preheat.dev/role"] == "serving"
     assert await d.kube.get(PVCS, d.namespace, f"{service}-snapshots") is None
 
 
@@ -171,6 +201,31 @@ async def chat(d: Driver, service: str, t: Timings, n: int = 3,
     finally:
         await client.close()
     return answers
+
+
+async def chat_through_service(d: Any, service: str, t: Timings, n: int = 4,
+                               api_key: str | None = None) -> list[Any]:
+    """Chat completions as a client sends them: to the Service, i.e. through a router, each on
+    a new connection (a new SDK client), streamed; two turns of one conversation."""
+    from openai import AsyncOpenAI
+
+    url = await d.service_url(service)
+    replies = []
+    for i in range(n):
+        async with AsyncOpenAI(base_url=url + "/v1", api_key=api_key or "unused",
+                               max_retries=0, timeout=120) as client:
+            start = time.monotonic()
+            messages = [{"role": "system", "content": "You are a concise support assistant."},
+                        {"role": "user", "content": "Where is my order?"}]
+            if i % 2:  # the second turn of the same conversation
+                messages += [{"role": "assistant", "content": replies[-1]},
+                             {"role": "user", "content": "It is NW-20481377."}]
+            r = await client.chat.completions.create(model=service, max_tokens=8,
+                                                     temperature=0, messages=messages)
+            t[f"router_chat_{i}_s"] = time.monotonic() - start
+            assert r.choices[0].message.content, r
+            replies.append(r.choices[0].message.content)
+    return replies
 
 
 async def scale_up_by_promotion(d: Driver, service: str, t: Timings,
@@ -292,7 +347,7 @@ async def delete_everything(d: Driver, service: str, t: Timings) -> None:
 
     async def gone():
         return (await d.kube.get(INFERENCE_SERVICES, d.namespace, service) is None
-                and not await pods_of(d, service)
+                and not await all_pods_of(d, service)
                 and await d.kube.get(SERVICES, d.namespace, service) is None
                 and await d.kube.get(PVCS, d.namespace, f"{service}-snapshots") is None)
     await eventually(gone, 60, interval=0.1)

@@ -7,7 +7,9 @@ robin), and stays there for its life — a kept-alive client connection keeps re
 same pod, also after that pod left the endpoints. The endpoints follow the pods the
 Service's selector matches (for Preheat: `role=serving`) whose `Ready` condition is True
 and that are not being deleted, as the EndpointSlice controller computes them; changes
-take effect `propagation_s` later (kube-proxy's lag). With no ready endpoint a connection
+take effect `propagation_s` later (kube-proxy's lag), and so does a change of the Service's
+selector (the operator switches `<name>` from the serving pods to the router pods once one
+is Ready): the stand-in watches the Service too. With no ready endpoint a connection
 is closed at once (kube-proxy rejects it). A pod is reached at the loopback port the local
 kubelet gave it.
 
@@ -66,6 +68,8 @@ class ServiceProxy:
         self._rr = itertools.count()
         self._server: asyncio.AbstractServer | None = None
         self._watch: asyncio.Task | None = None
+        self._service_watch: asyncio.Task | None = None
+        self._pods: dict[str, dict[str, Any]] = {}  # the latest version of each pod seen
         self._conns: set[asyncio.Task] = set()
 
     async def start(self) -> None:
@@ -73,11 +77,14 @@ class ServiceProxy:
         self.port = self._server.sockets[0].getsockname()[1]
         self._watch = asyncio.create_task(watch(
             self.client, f"/api/v1/namespaces/{self.namespace}/pods", self._on_pod))
+        self._service_watch = asyncio.create_task(watch(
+            self.client, f"/api/v1/namespaces/{self.namespace}/services", self._on_service))
 
     async def stop(self) -> None:
-        if self._watch is not None:
-            self._watch.cancel()
-            await asyncio.gather(self._watch, return_exceptions=True)
+        for task in (self._watch, self._service_watch):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         if self._server is not None:
             self._server.close()
         for t in list(self._conns):
@@ -94,9 +101,25 @@ class ServiceProxy:
 
     async def _on_pod(self, kind: str, pod: dict[str, Any]) -> None:
         name = pod["metadata"]["name"]
+        if kind == "DELETED":
+            self._pods.pop(name, None)
+        else:
+            self._pods[name] = pod
         member = kind != "DELETED" and _matches(pod, await self._selector()) and _ready(pod)
         loop = asyncio.get_running_loop()
         loop.call_later(self.propagation_s, self._set, name, member)
+
+    async def _on_service(self, kind: str, svc: dict[str, Any]) -> None:
+        if svc["metadata"]["name"] != self.service or kind == "DELETED":
+            return
+        selector = dict((svc.get("spec") or {}).get("selector") or {})
+        if selector == self.selector:
+            return
+        log.info("service %s: selector %s", self.service, selector)
+        self.selector = selector
+        loop = asyncio.get_running_loop()
+        for name, pod in list(self._pods.items()):
+            loop.call_later(self.propagation_s, self._set, name, _matches(pod, selector) and _ready(pod))
 
     def _set(self, name: str, member: bool) -> None:
         if member and name not in self.endpoints:

@@ -29,10 +29,20 @@ async def test_inference_service_end_to_end_on_one_machine(tmp_path):
             # Each pod's volumes are local directories: the template ConfigMap's files and
             # the (pod-local) snapshot directory per pod; the Service's URL maps to its
             # stand-in (cluster DNS); each engine has its own port.
-            runtimes = list(cluster.kubelet.pods.values())
-            assert len(runtimes) == 2
-            service_url = await cluster.service_url(SERVICE)
+            everything = list(cluster.kubelet.pods.values())
+            runtimes = [rt for rt in everything if "router" not in rt.plan.argv]
+            routers = [rt for rt in everything if "router" in rt.plan.argv]
+            assert (len(runtimes), len(routers)) == (2, 2)
+            # Snapshot peers are the serving engines (headless <name>-engines), never routers.
+            service_url = await cluster.service_url(SERVICE + "-engines")
+            for rt in routers:
+                # API credentials, as a cluster gives them: a token, the API's address.
+                env = rt.plan.env
+                token = env["PREHEAT_ROUTER_SERVICE_ACCOUNT_DIR"] + "/token"
+                assert open(token).read() and env["KUBERNETES_SERVICE_HOST"] == "127.0.0.1"
+                assert env["PREHEAT_ROUTER_SERVICE"] == SERVICE and "PREHEAT_API_KEY" not in env
             for rt in runtimes:
+                assert "KUBERNETES_SERVICE_HOST" not in rt.plan.env  # engines get no token
                 env = rt.plan.env
                 assert env["PREHEAT_SNAPSHOT_DIR"] == str(rt.plan.mounts["/var/lib/preheat/snapshots"])
                 assert f"/pods/{rt.uid}/" in env["PREHEAT_SNAPSHOT_DIR"]
@@ -58,6 +68,7 @@ async def test_inference_service_end_to_end_on_one_machine(tmp_path):
             assert len({rt.node for rt in runtimes}) == 2
 
             await scenario.chat(cluster, SERVICE, t, api_key=API_KEY)
+            await scenario.chat_through_service(cluster, SERVICE, t, api_key=API_KEY)
             await scenario.scale_up_by_promotion(cluster, SERVICE, t)
             await scenario.restart_operator_during_eviction(cluster, SERVICE, t)
             # A crashed engine covered by the pool: e2e/test_chaos.py (under traffic).
@@ -70,8 +81,8 @@ async def test_inference_service_end_to_end_on_one_machine(tmp_path):
             await eventually(no_engine_left, 60, interval=0.1)
             finished = cluster.kubelet.finished
             assert {pid for rt in finished for pid in rt.pids} == set(started)
-            # The evicted engine was killed (hard eviction: 137); every other one drained on
-            # SIGTERM and exited 0.
+            # The evicted engine was killed (hard eviction: 137); every other one (and each
+            # router) drained on SIGTERM and exited 0.
             codes = sorted(rt.exit_codes[-1] for rt in finished)
             assert codes.count(137) == 1 and set(codes) <= {0, 137}, \
                 [(rt.name, rt.exit_codes) for rt in finished]

@@ -49,11 +49,12 @@ def test_a_shared_snapshot_claim_is_one_directory_for_every_pod():
 
 
 def test_a_service_url_in_env_reaches_the_services_stand_in():
-    """Cluster DNS, mapped: the operator tells the engine its peers as the Service URL."""
+    """Cluster DNS, mapped: the operator tells the engine its peers as the URL of the
+    headless engines Service."""
     pod = operator_pod()
-    assert podmap.service_hosts(pod) == [("chat", 8000)]
+    assert podmap.service_hosts(pod) == [("chat-engines", 8000)]
     plan = podmap.plan(pod, commands=COMMANDS, host_port=41000, root=ROOT,
-                       hosts={"chat:8000": "127.0.0.1:40404"})
+                       hosts={"chat-engines:8000": "127.0.0.1:40404"})
     assert plan.env["PREHEAT_SNAPSHOT_PEER_URL"] == "http://127.0.0.1:40404"
     assert podmap.rewrite_hosts("http://chat.default.svc.cluster.local:8000/x",
                                 {"chat:8000": "127.0.0.1:1"}) == "http://127.0.0.1:1/x"
@@ -149,3 +150,13 @@ def test_model_credentials_envfrom_cache_hostpath_and_termination_log():
     assert plan.env["PREHEAT_TERMINATION_MESSAGE_PATH"] == str(ROOT / "t.log")
     with pytest.raises(podmap.Unsupported, match="not fetched"):
         podmap.plan(pod, commands=COMMANDS, host_port=41000, root=ROOT)
+
+
+def test_a_pod_that_keeps_its_token_finds_the_api_as_in_a_cluster(tmp_path):
+    router = {"spec": {"containers": [{"name": "router"}], "automountServiceAccountToken": True}}
+    engine = {"spec": {"containers": [{"name": "engine"}], "automountServiceAccountToken": False}}
+    assert podmap.mounts_service_account(router) and podmap.mounts_service_account({"spec": {}})
+    assert not podmap.mounts_service_account(engine)
+    env = podmap.service_account_env("http://127.0.0.1:41234", tmp_path)
+    assert env == {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": "41234",
+                   "PREHEAT_ROUTER_SERVICE_ACCOUNT_DIR": str(tmp_path)}

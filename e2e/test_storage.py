@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.timeout(120)]
 async def test_a_readwritemany_claim_on_readwriteonce_storage_is_a_clear_condition(tmp_path):
     async with local_cluster(tmp_path / "node") as cluster:  # RWO-only, like local-path/EBS
         try:
-            body = manifests.inference_service("rwx", warm_pool=0, templates=False)
+            body = manifests.inference_service("rwx", warm_pool=0, templates=False, router=False)
             body["spec"]["snapshot"] = {"storage": "SharedVolume", "accessMode": "ReadWriteMany"}
             await cluster.kube.create(INFERENCE_SERVICES, cluster.namespace, body)
 

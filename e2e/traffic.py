@@ -44,13 +44,18 @@ class RequestRecord:
     attempts: int
     ok: bool
     error: str = ""
+    # The response (its headers) reached the client: through the router, which holds the
+    # headers until the engine's first body chunk, that means bytes did.
+    responded: bool = False
 
 
 async def one_request(client: Any, model: str, i: int, question: str,
-                      max_tokens: int) -> RequestRecord:
+                      max_tokens: int, attempts: int = MAX_ATTEMPTS) -> RequestRecord:
+    """attempts 1: the client's own retries off (the router retries for it)."""
     start = time.monotonic()
     error = ""
-    for attempt in range(1, MAX_ATTEMPTS + 1):
+    responded = False
+    for attempt in range(1, attempts + 1):
         got_token = False
         ttft: float | None = None
         stream = None
@@ -60,6 +65,7 @@ async def one_request(client: Any, model: str, i: int, question: str,
                 model=model, max_tokens=max_tokens, temperature=0, stream=True,
                 messages=[{"role": "system", "content": SYSTEM},
                           {"role": "user", "content": question}]), FIRST_TOKEN_TIMEOUT_S)
+            responded = True
             it = stream.__aiter__()
             while True:
                 wait = FIRST_TOKEN_TIMEOUT_S if not got_token else \
@@ -72,22 +78,22 @@ async def one_request(client: Any, model: str, i: int, question: str,
                     got_token, ttft = True, time.monotonic() - start
             if not got_token:
                 raise RuntimeError("stream ended without a token")
-            return RequestRecord(i, start, time.monotonic(), ttft, attempt, True)
+            return RequestRecord(i, start, time.monotonic(), ttft, attempt, True, responded=True)
         except Exception as e:
             error = f"{type(e).__name__}: {e}"[:200]
             if got_token:  # tokens reached the user: no unseen retry is possible
-                return RequestRecord(i, start, time.monotonic(), ttft, attempt, False, error)
+                return RequestRecord(i, start, time.monotonic(), ttft, attempt, False, error, True)
         finally:
             if stream is not None:
                 with contextlib.suppress(Exception):
                     await stream.close()
-        if attempt < MAX_ATTEMPTS:
+        if attempt < attempts:
             await asyncio.sleep(RETRY_BACKOFF_S * 2 ** (attempt - 1))
-    return RequestRecord(i, start, time.monotonic(), None, MAX_ATTEMPTS, False, error)
+    return RequestRecord(i, start, time.monotonic(), None, attempts, False, error, responded)
 
 
 async def run_clients(base_url: str, model: str, clients: int, max_tokens: int,
-                      out: TextIO, stop: asyncio.Event) -> None:
+                      out: TextIO, stop: asyncio.Event, attempts: int = MAX_ATTEMPTS) -> None:
     import httpx
     from openai import AsyncOpenAI
 
@@ -99,7 +105,7 @@ async def run_clients(base_url: str, model: str, clients: int, max_tokens: int,
             while not stop.is_set():
                 n += 1
                 rec = await one_request(client, model, i, QUESTIONS[(i + n) % len(QUESTIONS)],
-                                        max_tokens)
+                                        max_tokens, attempts)
                 out.write(json.dumps(asdict(rec)) + "\n")
                 out.flush()
                 await asyncio.sleep(0.05)
@@ -113,9 +119,10 @@ class TrafficProcess:
     """Runs the clients in a child process; records() reads what has finished so far."""
 
     def __init__(self, base_url: str, model: str, clients: int, path: Path,
-                 max_tokens: int = 8) -> None:
+                 max_tokens: int = 8, attempts: int = MAX_ATTEMPTS) -> None:
         self.args = ["--url", base_url, "--model", model, "--clients", str(clients),
-                     "--max-tokens", str(max_tokens), "--out", str(path)]
+                     "--max-tokens", str(max_tokens), "--out", str(path),
+                     "--attempts", str(attempts)]
         self.path = path
         self.proc: asyncio.subprocess.Process | None = None
 
@@ -152,13 +159,15 @@ def main(argv: list[str]) -> int:
     p.add_argument("--clients", type=int, default=4)
     p.add_argument("--max-tokens", type=int, default=8)
     p.add_argument("--out", required=True)
+    p.add_argument("--attempts", type=int, default=MAX_ATTEMPTS,
+                   help="1: no retries of the client's own (behind the router)")
     a = p.parse_args(argv)
 
     async def go() -> None:
         stop = asyncio.Event()
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
         with open(a.out, "a") as out:
-            await run_clients(a.url, a.model, a.clients, a.max_tokens, out, stop)
+            await run_clients(a.url, a.model, a.clients, a.max_tokens, out, stop, a.attempts)
     asyncio.run(go())
     return 0
 
