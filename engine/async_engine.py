@@ -345,14 +345,15 @@ class AsyncEngine:
         except Exception:
             return
         m = self.metrics
-        for attr, gauge in (
-            ("num_running", m.num_running),
-            ("num_waiting", m.num_waiting),
-            ("kv_usage", m.kv_usage),
+        for attr, gauges in (
+            ("num_running", (m.num_running, m.vllm_num_running)),
+            ("num_waiting", (m.num_waiting, m.vllm_num_waiting)),
+            ("kv_usage", (m.kv_usage, m.vllm_kv_usage)),
         ):
             value = getattr(st, attr, None)
             if value is not None:
-                gauge.set(value)
+                for gauge in gauges:
+                    gauge.set(value)
         used, cached = getattr(st, "kv_used_pages", None), getattr(st, "kv_cached_pages", None)
         if used is not None and cached is not None:
             m.kv_request_pages.set(max(0, used - cached))

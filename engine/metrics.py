@@ -110,6 +110,19 @@ class Metrics:
             "twice what the same memory holds in the model dtype.",
             registry=r,
         )
+        # The same three gauges under vLLM's names, which the Gateway API Inference
+        # Extension's endpoint picker and common KEDA / prometheus-adapter recipes read.
+        # vllm:kv_cache_usage_perc is a fraction (1 = full), as vLLM's is.
+        self.vllm_num_running = Gauge(
+            "vllm:num_requests_running", "Requests in the running batch (vLLM's name).", registry=r
+        )
+        self.vllm_num_waiting = Gauge(
+            "vllm:num_requests_waiting", "Requests queued for admission (vLLM's name).", registry=r
+        )
+        self.vllm_kv_usage = Gauge(
+            "vllm:kv_cache_usage_perc", "Fraction of KV pages in use, 1 = full (vLLM's name).",
+            registry=r,
+        )
         self.kv_request_pages = Gauge(
             "preheat_kv_cache_request_pages",
             "KV pages owned by running requests (not yet handed to the prefix cache).",

@@ -152,3 +152,26 @@ async def test_with_no_ready_pod_a_request_waits_for_one_within_the_deadline(eng
         resp = await http.post(url + "/v1/completions", json={"model": TINY, "prompt": "x"})
         assert resp.status_code == 503 and "no engine" in resp.json()["error"]["message"]
         assert metric((await http.get(url + "/metrics")).text, "preheat_router_unroutable_total") == 1
+
+
+async def test_the_engines_load_gauges_under_vllms_names_follow_a_routed_stream(engines):
+    """What the Gateway API Inference Extension's endpoint picker and KEDA recipes read."""
+    async with running_router(CFG, endpoints=endpoints({"e0": engines[0].url})) as (url, _), \
+            AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=60) as client, \
+            httpx.AsyncClient(timeout=10) as http:
+        stream = await client.completions.create(model=TINY, prompt="Once upon a time",
+                                                 max_tokens=200, stream=True,
+                                                 extra_body={"ignore_eos": True})
+        seen = []
+        async for _ in stream:
+            if not seen:  # mid-stream: the engine is running this request
+                text = (await http.get(engines[0].url + "/metrics")).text
+                seen.append((metric(text, "vllm:num_requests_running"),
+                             metric(text, "preheat_num_requests_running"),
+                             metric(text, "vllm:kv_cache_usage_perc"),
+                             metric(text, "preheat_kv_cache_usage_ratio")))
+        text = (await http.get(engines[0].url + "/metrics")).text
+    [(running, ours, usage, our_usage)] = seen
+    assert running == ours == 1 and usage == our_usage and 0 < usage <= 1
+    assert metric(text, "vllm:num_requests_running") == 0
+    assert metric(text, "vllm:num_requests_waiting") == metric(text, "preheat_num_requests_waiting") == 0

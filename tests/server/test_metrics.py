@@ -21,6 +21,8 @@ REQUIRED = [
     "preheat_cuda_graph_capture_seconds", "preheat_warmup_seconds", "preheat_warmup_requests",
     "preheat_snapshot_restored_tokens", "preheat_snapshot_restore_seconds",
     "preheat_snapshot_saved_tokens", "preheat_snapshot_rejected", "preheat_kv_cache_capacity_tokens",
+    # vLLM's names, for the Gateway API Inference Extension and KEDA recipes
+    "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
 ]
 
 
@@ -70,6 +72,10 @@ def test_counters_move_with_requests(server, client):
     assert delta("preheat_requests_total{finish_reason=length}") == 2
     assert 0 < after["preheat_cache_hit_rate"] <= 1
     assert 0 <= after["preheat_kv_cache_usage_ratio"] <= 1
+    for ours, vllm in (("preheat_kv_cache_usage_ratio", "vllm:kv_cache_usage_perc"),
+                       ("preheat_num_requests_running", "vllm:num_requests_running"),
+                       ("preheat_num_requests_waiting", "vllm:num_requests_waiting")):
+        assert after[vllm] == after[ours]
 
 
 def test_errors_are_counted(server, http):
