@@ -44,6 +44,8 @@ RICH_VALUES = {
         {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "gateway"}},
          "podSelector": {"matchLabels": {"app": "gateway"}}}],
         "metricsScrapers": [{"ipBlock": {"cidr": "10.0.0.0/8", "except": ["10.1.0.0/16"]}}]},
+    "inferencePools": [{"name": "demo", "endpointPicker": {"name": "demo-epp"}}],
+    "router": {"image": "registry.example.com/preheat/router:1"},
     "autoscaling": {"prometheusAdapter": {"enabled": True},
                     "keda": {"scaledObjects": [{"name": "demo", "maxReplicas": 4,
                                                 "metric": "preheat_num_requests_waiting",
@@ -106,6 +108,10 @@ def test_every_rendered_object_is_valid(helm, tmp_path, values):
             # KEDA's kind: its own published CRD schema (tests/helm/test_autoscaling_chart.py).
             from test_autoscaling_chart import keda_schema
             assert crd_schema.errors(obj, keda_schema()) == []
+        elif obj["kind"] == "InferencePool":
+            # The Gateway API Inference Extension's kind: its published CRD schema.
+            from test_inference_pool import pool_schema
+            assert crd_schema.errors(obj, pool_schema()) == []
         elif obj["kind"] == "PodMonitor":
             # Prometheus Operator kind, not in the Kubernetes schemas: check what we rely on.
             ep = obj["spec"]["podMetricsEndpoints"][0]
