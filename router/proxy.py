@@ -37,6 +37,9 @@ _HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
         "trailer", "transfer-encoding", "upgrade", "host", "content-length"}
 
 
+ENGINE_HEADER = "x-preheat-engine"
+
+
 def error(status: int, message: str, kind: str = "router_error") -> JSONResponse:
     return JSONResponse({"error": {"message": message, "type": kind, "code": status}},
                         status_code=status)
@@ -157,6 +160,7 @@ class Proxy:
             self.seen.add(pod, key)
         outcome = f"{resp.status_code // 100}xx"
         out_headers = {k: v for k, v in resp.headers.items() if k.lower() not in _HOP}
+        out_headers[ENGINE_HEADER] = pod  # which engine answered (debugging, benchmarks)
         return StreamingResponse(self._rest(resp, pod, first, chunks, outcome),
                                  status_code=resp.status_code, headers=out_headers)
 

@@ -71,6 +71,10 @@ async def test_a_conversation_streams_through_and_its_turns_stay_on_one_engine(e
                 model=TINY, messages=conversation(i, "Where is my order?", answer, "And now?"),
                 max_tokens=6, temperature=0)
             assert second.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens - 16
+            key = request_key({"model": TINY, "messages": conversation(i, "Where is my order?")}, CFG.affinity_chars)
+            raw = await client.chat.completions.with_raw_response.create(
+                model=TINY, messages=conversation(i, "Where is my order?"), max_tokens=1)
+            assert raw.headers["x-preheat-engine"] == ranking(key, ready)[0]
             # Streamed: chunks arrive one by one, not as one buffered body.
             chunks = [c async for c in await client.chat.completions.create(
                 model=TINY, messages=conversation(i, "Where is my order?"), max_tokens=6,
@@ -79,8 +83,8 @@ async def test_a_conversation_streams_through_and_its_turns_stay_on_one_engine(e
             assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == answer
         text = (await httpx.AsyncClient().get(url + "/metrics")).text
     # Every request of a conversation went to its prefix's pod, and both pods got some.
-    assert metric(text, "preheat_router_routed_total", reason="affinity") == 12
-    assert metric(text, "preheat_router_prefix_routed_total", held="true") == 8
+    assert metric(text, "preheat_router_routed_total", reason="affinity") == 16
+    assert metric(text, "preheat_router_prefix_routed_total", held="true") == 12
     assert metric(text, "preheat_router_requests_total", pod="e0", outcome="2xx") > 0
     assert metric(text, "preheat_router_requests_total", pod="e1", outcome="2xx") > 0
     assert metric(text, "preheat_router_retries_total") == 0
