@@ -50,12 +50,11 @@ def header(args: argparse.Namespace, load_before: tuple[float, ...],
         f"{spec['readiness']['endpointDelaySeconds']}, rollout defaults (maxSurge 25%, "
         "maxUnavailable 0). Traffic: "
         f"{args.clients} clients, each sending streamed chat completions (max_tokens 8) one "
-        "after the other with the `openai` SDK through the Service; a request that fails "
-        f"before its first token (refused, reset, 503, no token in "
-        f"{chaos.FIRST_TOKEN_TIMEOUT_S:.0f} s) is retried, up to {chaos.MAX_ATTEMPTS} attempts "
-        f"{chaos.RETRY_BACKOFF_S:g} s, then twice as long, apart (the openai SDK's back-off; a "
-        "gateway's per-try timeout); one that fails after tokens arrived counts "
-        "as failed.",
+        "after the other with the `openai` SDK through the Service `chat`, i.e. the 2 router "
+        "pods, with the clients' own retries off (one attempt each; no token in "
+        f"{chaos.FIRST_TOKEN_TIMEOUT_S:.0f} s counts as failed): the router retries on another "
+        "pod what failed before any byte reached the client; a request that fails after "
+        "that counts as failed.",
         "",
         "Columns: *requests* are those in flight between the event and the service settling "
         "again (pool refilled, rollout done); *retried*: needed more than one attempt; "

@@ -73,6 +73,14 @@ class ServiceProxy:
         self._conns: set[asyncio.Task] = set()
 
     async def start(self) -> None:
+        # The state kube-proxy would already have when the stand-in is first asked for: the
+        # Service's current endpoints, without waiting for the watches' first events.
+        await self._selector()
+        resp = await self.client.get(f"/api/v1/namespaces/{self.namespace}/pods")
+        if resp.status_code == 200:
+            for pod in resp.json().get("items") or []:
+                self._pods[pod["metadata"]["name"]] = pod
+                self._set(pod["metadata"]["name"], _matches(pod, self.selector or {}) and _ready(pod))
         self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
         self.port = self._server.sockets[0].getsockname()[1]
         self._watch = asyncio.create_task(watch(

@@ -1,5 +1,5 @@
 """The chaos scenario, reduced for CI (issue 12, point 6): continuous OpenAI-SDK traffic
-through the Service stand-in while a serving engine is killed, the template rolls out, the
+through the Service stand-in and the routers (the clients' own retries off) while a serving engine is killed, the template rolls out, the
 service scales 1 -> 2 -> 1 (the benchmark: 1 -> 3 -> 1) and the operator is killed and
 restarted. Asserts the goals
 (e2e/chaos.goals): no failed request for a planned event and no serving capacity lost by one;
@@ -33,6 +33,8 @@ async def test_the_warm_pool_covers_a_crash_and_planned_changes_lose_no_request(
         try:
             run = await chaos.run(cluster, "chat", EVENTS, clients=3, quiet_s=2.0, baseline_s=4.0,
                                   scale_to=2)
+            if chaos.goals(run):
+                print(cluster.diagnostics())
         except BaseException:
             print(cluster.diagnostics())
             raise
