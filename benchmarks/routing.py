@@ -326,10 +326,10 @@ async def main(a: argparse.Namespace) -> int:
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--conversations", type=int, default=12)
+    p.add_argument("--conversations", type=int, default=24)
     p.add_argument("--turns", type=int, default=4)
     p.add_argument("--shared", type=int, default=3, help="shared prefixes")
-    p.add_argument("--workers", type=int, default=6, help="conversations at a time")
+    p.add_argument("--workers", type=int, default=8, help="conversations at a time")
     p.add_argument("--system-words", type=int, default=120)
     p.add_argument("--max-tokens", type=int, default=12)
     p.add_argument("--kill-seconds", type=float, default=24.0)
