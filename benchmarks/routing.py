@@ -95,7 +95,7 @@ async def one_turn(url: str, phase: str, conv: int, turn: int, messages: list[di
 
 
 async def conversations(url: str, phase: str, n: int, turns: int, shared: int, workers: int,
-                        system_words: int, max_tokens: int) -> list[Record]:
+                        shared_words: int, own_words: int, max_tokens: int) -> list[Record]:
     queue: asyncio.Queue[int] = asyncio.Queue()
     for i in range(n):
         queue.put_nowait(i)
@@ -104,8 +104,8 @@ async def conversations(url: str, phase: str, n: int, turns: int, shared: int, w
     async def worker() -> None:
         while not queue.empty():
             i = queue.get_nowait()
-            system = (f"Store policy {i % shared}: {block(f'{phase}-shared-{i % shared}', system_words)}\n"
-                      f"You help customer {phase}-{i}: {block(f'{phase}-own-{i}', system_words)}")
+            system = (f"Store policy {i % shared}: {block(f'{phase}-shared-{i % shared}', shared_words)}\n"
+                      f"You help customer {phase}-{i}: {block(f'{phase}-own-{i}', own_words)}")
             messages = [{"role": "system", "content": system}]
             for t in range(turns):
                 messages.append({"role": "user", "content": f"Question {t + 1}: {block(f'{i}-{t}', 8)}?"})
@@ -216,7 +216,7 @@ async def run_phase(c: LocalCluster, name: str, url: str, a: argparse.Namespace)
     before = await pod_counters(c)
     start = time.monotonic()
     records = await conversations(url, name, a.conversations, a.turns, a.shared, a.workers,
-                                  a.system_words, a.max_tokens)
+                                  a.shared_words, a.own_words, a.max_tokens)
     wall = time.monotonic() - start
     return Phase(name, records, wall, delta(await pod_counters(c), before))
 
@@ -242,8 +242,8 @@ def report(a: argparse.Namespace, phases: list[Phase], kills: dict[str, tuple[li
         f"`--balance-slack` 2). Workload per phase: {a.conversations} conversations x "
         f"{a.turns} turns, {a.workers} at a time, a new connection per request, streamed, "
         f"max_tokens {a.max_tokens}, temperature 0; each system prompt is one of {a.shared} "
-        f"shared prefixes ({a.system_words} words) followed by the conversation's own "
-        f"{a.system_words} words. *plain*: the Service stand-in over the serving pods "
+        f"shared prefixes ({a.shared_words} words) followed by the conversation's own "
+        f"{a.own_words} words. *plain*: the Service stand-in over the serving pods "
         "(per-connection round robin, as kube-proxy); *router*: the Service `chat` -> the "
         "routers. Each phase has its own conversations and shared prefixes.",
         "",
@@ -330,7 +330,8 @@ if __name__ == "__main__":
     p.add_argument("--turns", type=int, default=4)
     p.add_argument("--shared", type=int, default=3, help="shared prefixes")
     p.add_argument("--workers", type=int, default=8, help="conversations at a time")
-    p.add_argument("--system-words", type=int, default=120)
+    p.add_argument("--shared-words", type=int, default=60, help="words of each shared prefix")
+    p.add_argument("--own-words", type=int, default=200, help="words of a conversation's own system prompt")
     p.add_argument("--max-tokens", type=int, default=12)
     p.add_argument("--kill-seconds", type=float, default=24.0)
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "routing.md"))

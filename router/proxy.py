@@ -74,6 +74,7 @@ class Proxy:
         for gone in [p for p in self.in_flight if p not in ready and not self.in_flight[p]]:
             del self.in_flight[gone]
             self.seen.forget(gone)
+            self.metrics.in_flight.remove(gone)  # no series left behind for a pod that is gone
         return {p: self.in_flight.get(p, 0) for p in ready}
 
     def _track(self, pod: str, delta: int) -> None:
