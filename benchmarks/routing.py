@@ -318,9 +318,10 @@ async def main(a: argparse.Namespace) -> int:
     text, goals = report(a, phases, kills, (load_before, os.getloadavg()[0]))
     Path(a.out).write_text(text)
     print(text)
-    Path(a.out).with_suffix(".json").write_text(json.dumps(
+    if a.records:
+        Path(a.records).write_text(json.dumps(
         {p.name: [asdict(r) for r in p.records] for p in phases}
-        | {f"kill {k}": [asdict(r) for r in v[0]] for k, v in kills.items()}, indent=0))
+            | {f"kill {k}": [asdict(r) for r in v[0]] for k, v in kills.items()}))
     return 0 if not goals else 1
 
 
@@ -336,4 +337,5 @@ if __name__ == "__main__":
     p.add_argument("--kill-seconds", type=float, default=24.0)
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "routing.md"))
     p.add_argument("--workdir")
+    p.add_argument("--records", help="also write every request's record here (JSON)")
     sys.exit(asyncio.run(main(p.parse_args())))
