@@ -85,3 +85,43 @@ async def test_the_engine_set_follows_readiness_relabels_and_deletion(tmp_path):
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
             await kube.close()
+
+
+async def test_preheat_router_serves_ready_once_listed_and_exits_0_on_sigterm(tmp_path):
+    """The program as a pod runs it: `preheat router` against the API, then SIGTERM."""
+    import os
+    import signal
+    import subprocess
+
+    import httpx
+    from serve_process import free_port
+
+    async with KubeAPIServer() as api, kmock.Server(api) as server:
+        port = free_port()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PREHEAT_")}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "preheat", "router", "--service", "chat", "-n", NS,
+             "--api-server", str(server.url), "--service-account-dir", str(tmp_path),
+             "--host", "127.0.0.1", "--port", str(port)],
+            stdout=(tmp_path / "router.log").open("w"), stderr=subprocess.STDOUT, env=env)
+        try:
+            async with httpx.AsyncClient(timeout=2) as http:
+                async def ready():
+                    try:
+                        return (await http.get(f"http://127.0.0.1:{port}/ready")).status_code == 200
+                    except httpx.HTTPError:
+                        return False
+                deadline = asyncio.get_running_loop().time() + 60
+                while not await ready():
+                    assert proc.poll() is None, (tmp_path / "router.log").read_text()
+                    assert asyncio.get_running_loop().time() < deadline
+                    await asyncio.sleep(0.1)
+                body = (await http.get(f"http://127.0.0.1:{port}/ready")).json()
+                assert body == {"synced": True, "engines": []}
+            proc.send_signal(signal.SIGTERM)
+            code = await asyncio.get_running_loop().run_in_executor(None, proc.wait, 30)
+            assert code == 0, (tmp_path / "router.log").read_text()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
