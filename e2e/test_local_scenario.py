@@ -88,10 +88,11 @@ async def test_inference_service_end_to_end_on_one_machine(tmp_path):
                 [(rt.name, rt.exit_codes) for rt in finished]
             # Each engine persisted its hot prefixes into its own snapshot directory (DESIGN.md:
             # snapshot on SIGTERM), and every pod after the first fetched one from a serving
-            # peer through the Service before it turned ready (sending the peer secret: the
+            # peer through <name>-engines before it turned ready (sending the peer secret: the
             # peer route answers nothing else, the clients' API key least of all), and
             # every snapshot carries its HMAC.
-            own_dirs = [rt.plan.mounts["/var/lib/preheat/snapshots"] for rt in finished if rt.plan]
+            own_dirs = [rt.plan.mounts["/var/lib/preheat/snapshots"] for rt in finished
+                        if rt.plan and "/var/lib/preheat/snapshots" in rt.plan.mounts]  # engines
             assert any(list(d.glob("*/manifest.json")) for d in own_dirs), own_dirs
             assert all((m.parent / "manifest.hmac").exists() for d in own_dirs
                        for m in d.glob("*/manifest.json"))
