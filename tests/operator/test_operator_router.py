@@ -116,8 +116,12 @@ async def test_the_client_service_switches_to_the_routers_once_one_is_ready(clus
         svc = await kube.get(SERVICES, NS, "chat")
         return svc if svc["spec"]["selector"]["preheat.dev/role"] == "router" else None
     await eventually(switched)
-    st = await eventually(status)
-    assert st["router"]["readyReplicas"] == 1
+
+    async def one_ready():  # the status is written after the Service, later in the pass
+        st = await status()
+        return st if st and st["router"]["readyReplicas"] == 1 else None
+    st = await eventually(one_ready)
+    assert st["router"] == {"replicas": 2, "readyReplicas": 1, "summary": "1/2", "serviceSelects": "router"}
 
     # Router off: its pods go, the Service selects the engines again.
     await kube.patch(INFERENCE_SERVICES, NS, "chat", {"spec": {"router": {"enabled": False}}})
