@@ -133,5 +133,8 @@ async def test_the_client_service_switches_to_the_routers_once_one_is_ready(clus
         return svc["spec"]["selector"] == serving and not live and \
             await kube.get(PDBS, NS, "chat-router") is None
     await eventually(back)
-    st = (await kube.get(INFERENCE_SERVICES, NS, "chat")).get("status") or {}
-    assert "router" not in st or st["router"] is None
+
+    async def router_status_gone():
+        st = (await kube.get(INFERENCE_SERVICES, NS, "chat")).get("status") or {}
+        return st.get("router") is None
+    await eventually(router_status_gone)
