@@ -7,15 +7,11 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+from router_engines import ENGINE_FLAGS
 from serve_process import Server, start
 from tiny_models import build_tiny_model
 
 from preheat.engine.model.loader import DEFAULT_GGUF_NAME, DEFAULT_GGUF_PACKAGE
-
-TINY = "tiny"
-ENGINE_FLAGS = ["--served-model-name", TINY, "--dtype", "float32", "--max-model-len", "256",
-                "--max-total-tokens", "4096", "--page-size", "16", "--max-num-seqs", "8",
-                "--log-level", "info"]
 
 
 @pytest.fixture(scope="session")

@@ -8,9 +8,9 @@ import itertools
 
 import httpx
 import pytest
-from conftest import TINY
 from faulty_engines import stand_in
 from openai import AsyncOpenAI
+from router_engines import TINY
 from router_server import running_router
 from serve_process import free_port
 
