@@ -66,6 +66,7 @@ COPY pyproject.toml setup.py README.md ./
 COPY cli/ cli/
 COPY engine/ engine/
 COPY operator/ operator/
+COPY router/ router/
 RUN pip wheel $PIP_SOURCE --no-deps --wheel-dir /dist .
 
 # ---- the image: the environment, the wheel and the kernels, uid 1000 ----

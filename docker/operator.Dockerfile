@@ -13,12 +13,15 @@ ENV PATH=/opt/preheat/bin:$PATH
 COPY docker/wheelhouse/ /wheelhouse/
 # The operator's own needs only (before the sources, so a layer cache keeps this layer):
 # the engine's torch stack stays out of this image.
-RUN pip install $PIP_SOURCE "kopf>=1.37" "aiohttp>=3.9" "pyyaml>=6" "httpx>=0.27" "prometheus-client>=0.20"
+# The router (`preheat router`, run from this image by default) adds starlette and uvicorn.
+RUN pip install $PIP_SOURCE "kopf>=1.37" "aiohttp>=3.9" "pyyaml>=6" "httpx>=0.27" "prometheus-client>=0.20" \
+    "starlette>=0.37" "uvicorn>=0.29"
 WORKDIR /src
 COPY pyproject.toml setup.py README.md ./
 COPY cli/ cli/
 COPY engine/ engine/
 COPY operator/ operator/
+COPY router/ router/
 # Preheat from its wheel, with --no-deps.
 RUN pip wheel $PIP_SOURCE --no-deps --wheel-dir /tmp/dist . && \
     pip install $PIP_SOURCE --no-deps /tmp/dist/preheat-*.whl
