@@ -11,11 +11,12 @@ import threading
 import pytest
 from fastapi import FastAPI
 from fastapi.responses import StreamingResponse
+from serve_process import serve_app
 
 from preheat.engine.snapshot_peer import NAME_HEADER, PATH, fetch_latest
 from preheat.engine.snapshot_transfer import BLOCK, BadTransfer, Extractor, member_header, parse_header
 
-from .test_snapshot_peer import KEY, keys, serving
+from .test_snapshot_peer import KEY, keys
 
 NAME = "snap-00000000000000000001-peer-0123abcd"
 MIB = 1 << 20
@@ -57,7 +58,7 @@ def hostile():
 
         return StreamingResponse(stream(), media_type="application/x-tar", headers={NAME_HEADER: NAME})
 
-    with serving(app) as url:
+    with serve_app(app) as url:
         def run(body) -> Peer:
             seen = Peer()
             peers["current"] = (body, seen)
