@@ -89,7 +89,9 @@ def test_apply_an_example_gets_the_crd_defaults_and_the_printer_columns(k: Clien
     assert stored["spec"]["snapshot"]["storage"] == crd_default("spec", "snapshot", "storage")
     # The short name, and the printer columns: Name, then the CRD's additionalPrinterColumns.
     header, row = k.kubectl("get", "pis").stdout.splitlines()
-    assert header.split() == ["NAME", "READY", "WARM", "REPLICAS", "PHASE", "AGE"]
+    columns = yaml.safe_load(CRD_FILE.read_text())["spec"]["versions"][0]["additionalPrinterColumns"]
+    assert header.split() == ["NAME", *(c["name"].upper() for c in columns)]
+    assert "ROUTER" in header.split()
     assert row.split()[:2] == ["smollm2", str(crd_default("spec", "replicas"))]
     assert k.kubectl("apply", "-f", str(EXAMPLE)).stdout.strip() == \
         "inferenceservice.serving.preheat.dev/smollm2 unchanged"
