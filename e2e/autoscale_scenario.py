@@ -120,9 +120,13 @@ async def scale_on_load(d: LocalCluster, service: str, *, warm_pool: int, client
     if await d.kube.get(CONFIGMAPS, d.namespace, manifests.TEMPLATES) is None:
         await d.kube.create(CONFIGMAPS, d.namespace, manifests.warmup_configmap(d.namespace))
     start = time.monotonic()
+    # The clients reach the serving pods through the plain Service (router off): this scenario
+    # is about the engine-load autoscaler (promotion, no flapping, scale-down) and counts the
+    # Service's connections per serving pod; routing is measured by the chaos scenario and
+    # benchmarks/routing.py.
     body = manifests.inference_service(
         service, replicas=1, warm_pool=warm_pool, image=image, namespace=d.namespace,
-        autoscaling=autoscaling(max_replicas, down_window_s))
+        autoscaling=autoscaling(max_replicas, down_window_s), router=False)
     if readiness_failure_threshold is not None:
         body["spec"]["readiness"]["failureThreshold"] = readiness_failure_threshold
     await d.kube.create(INFERENCE_SERVICES, d.namespace, body)
