@@ -12,8 +12,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 from typing import Any
 
 from preheat.operator.render import (
@@ -21,6 +19,7 @@ from preheat.operator.render import (
     RUN_AS,
     child_metadata,
     selector_labels,
+    template_hash,
 )
 from preheat.operator.resources import LABEL_ROLE, LABEL_SERVICE, LABEL_TEMPLATE_HASH, ROLE_ROUTER
 from preheat.operator.spec import ServiceSpec
@@ -103,18 +102,13 @@ def router_pod_spec(name: str, spec: ServiceSpec, image: str,
     return out
 
 
-def router_template_hash(pod_spec: dict[str, Any]) -> str:
-    blob = json.dumps(pod_spec, sort_keys=True, separators=(",", ":")).encode()
-    return hashlib.sha256(blob).hexdigest()[:10]
-
-
 def router_pod(name: str, namespace: str, uid: str, spec: ServiceSpec, pod_name: str,
                image: str, service_account: str = ROUTER_SERVICE_ACCOUNT) -> dict[str, Any]:
     body = router_pod_spec(name, spec, image, service_account)
     return {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": child_metadata(name, namespace, uid, pod_name, **{
-            LABEL_ROLE: ROLE_ROUTER, LABEL_TEMPLATE_HASH: router_template_hash(body)}),
+            LABEL_ROLE: ROLE_ROUTER, LABEL_TEMPLATE_HASH: template_hash(body)}),
         "spec": body,
     }
 

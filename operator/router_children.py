@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from preheat.operator import render_router
+from preheat.operator import render, render_router
 from preheat.operator.kube import Kube
 from preheat.operator.ownership import Conflict, Ownership, conflict, ownership
 from preheat.operator.pods import PodView, view
@@ -101,7 +101,7 @@ async def reconcile_router(kube: Kube, body: Mapping[str, Any], spec: ServiceSpe
                  if c is not None]
     views = [view(p) for p in pods]
     want = spec.router.replicas if spec.router.enabled else 0
-    template_hash = render_router.router_template_hash(
+    template_hash = render.template_hash(
         render_router.router_pod_spec(name, spec, image, service_account))
     plan = router_plan(views, want, template_hash)
     for pod_name in plan.delete:
