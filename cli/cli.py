@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     command, rest = args[0], args[1:]
     if command == "serve":
-        from preheat.engine.server_main import main as serve_main
+        from preheat.engine.serve.server_main import main as serve_main
 
         return serve_main(rest)
     if command == "operator":

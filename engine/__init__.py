@@ -14,7 +14,7 @@ def __getattr__(name: str) -> Any:
 
         return LLM
     if name in ("SamplingParams", "StructuredOutput"):
-        from preheat.engine import sampling_params
+        from preheat.engine.request import sampling_params
 
         return getattr(sampling_params, name)
     if name == "Engine":

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from preheat.engine.metrics import PHASES, Metrics
-from preheat.engine.request_errors import RequestFailed
+from preheat.engine.request.errors import RequestFailed
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +148,7 @@ class AsyncEngine:
         """Ends, from the event loop, the streams the step thread did not finish in time
         (it is stuck in a long step): each gets an abort output, so clients still see a
         finish_reason rather than a cut connection."""
-        from preheat.engine.sequence import RequestOutput
+        from preheat.engine.request.sequence import RequestOutput
 
         with self._lock:
             streams, self._streams = dict(self._streams), {}

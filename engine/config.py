@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from preheat.engine.dtypes import MODEL_DTYPES
-from preheat.engine.tool_parsers import FORMATS
+from preheat.engine.tools.parsers import FORMATS
 
 DTYPES = ("auto", *MODEL_DTYPES)
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")  # vLLM's spellings; fp8 = fp8_e4m3

@@ -1,10 +1,10 @@
 """The engine: requests in, tokens out, one scheduler step at a time.
 
-`Engine.step()` reads as its four parts: *schedule* (the pure planner in engine/scheduler.py
+`Engine.step()` reads as its four parts: *schedule* (the pure planner in engine/sched/scheduler.py
 decides over views of the state what runs), *apply* (preemptions, admissions and the pages
 the plan granted, through the KV cache manager in engine/kv/cache_manager.py), *run* (one
 forward pass and sampling, engine/runner.py) and *postprocess* (progress, new tokens, stop
-checks, outputs). Requests are validated and built by engine/request_builder.py.
+checks, outputs). Requests are validated and built by engine/request/builder.py.
 `add_request`, `abort_request` and `call_soon` may be called from other threads; everything
 else runs on the stepping thread.
 
@@ -42,13 +42,13 @@ from preheat.engine.kv.tiers import KVTiers
 from preheat.engine.model.build import build_model, select_moe_backend
 from preheat.engine.model.loader import load_model
 from preheat.engine.model.quantize import quantize_weights
-from preheat.engine.request_builder import RequestBuilder, default_stop_ids
-from preheat.engine.request_errors import QueueFull, RequestRejected
+from preheat.engine.request.builder import RequestBuilder, default_stop_ids
+from preheat.engine.request.errors import QueueFull, RequestRejected
+from preheat.engine.request.sampling_params import SamplingParams
+from preheat.engine.request.sequence import RequestOutput, Sequence, Status, TokenLogprob
 from preheat.engine.runner import BatchEntry, EntryFailed, EntryTokens, ModelRunner
-from preheat.engine.sampling_params import SamplingParams
-from preheat.engine.scheduler import SeqView, StepPlan, next_tokens_key, plan_step
-from preheat.engine.sequence import RequestOutput, Sequence, Status, TokenLogprob
-from preheat.engine.spec_decode import NgramDrafter, draft_limit
+from preheat.engine.sched.scheduler import SeqView, StepPlan, next_tokens_key, plan_step
+from preheat.engine.sched.spec_decode import NgramDrafter, draft_limit
 
 log = logging.getLogger(__name__)
 
@@ -227,7 +227,7 @@ class Engine:
         self.grammar_backend: Any = None
         grammar_masks = draft_grammar_masks = None
         try:
-            from preheat.engine import structured
+            from preheat.engine.sample import structured
 
             self.grammar_backend = structured.GrammarBackend(
                 self.tokenizer, spec.vocab_size, compile_timeout=config.grammar_compile_timeout

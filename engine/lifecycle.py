@@ -197,7 +197,7 @@ class Lifecycle:
         """The peer to take a hub or S3 model from first (--model-peer-url), or None. Needs
         the peer secret: /admin/* on the peer answers nothing else."""
         from preheat.engine.model.peer_fetch import ModelPeer
-        from preheat.engine.peer_secret import PeerSecret
+        from preheat.engine.peer.peer_secret import PeerSecret
 
         url, secret = self.config.model_peer_url, self.config.peer_secret_file
         if not url:

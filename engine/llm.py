@@ -8,8 +8,8 @@ from typing import Any
 
 from preheat.engine.config import EngineConfig
 from preheat.engine.engine import Engine
-from preheat.engine.sampling_params import SamplingParams
-from preheat.engine.sequence import RequestOutput, TokenLogprob
+from preheat.engine.request.sampling_params import SamplingParams
+from preheat.engine.request.sequence import RequestOutput, TokenLogprob
 
 
 @dataclass

@@ -4,7 +4,7 @@ This is where the GPU path plugs in: a batch of decodes only (every row one toke
 through `decode_forward`, which on CUDA replays a captured graph for the padded batch size
 (engine/cuda_graph.py) and elsewhere runs eagerly.
 
-A decoding sequence with a speculative draft (engine/spec_decode.py) comes as an extend
+A decoding sequence with a speculative draft (engine/sched/spec_decode.py) comes as an extend
 entry of 1 + len(draft) tokens over its cached prefix: the extend attention path computes
 it, every one of its rows yields logits, and `verify_drafts` keeps what the model agrees
 with. Such a step runs eagerly (plain decode steps keep their CUDA graphs).
@@ -20,9 +20,9 @@ import torch
 from preheat.engine.cuda_graph import CudaGraphRunner, DecodeInputs
 from preheat.engine.kv.pool import KVPool
 from preheat.engine.model.decoder import AttentionMetadata, DecoderModel
-from preheat.engine.prompt_logprobs import prompt_rows, record_prompt_logprobs
-from preheat.engine.sampling import SampleResult, sample, verify_drafts
-from preheat.engine.sequence import Sequence
+from preheat.engine.request.sequence import Sequence
+from preheat.engine.sample.prompt_logprobs import prompt_rows, record_prompt_logprobs
+from preheat.engine.sample.sampler import SampleResult, sample, verify_drafts
 
 
 @dataclass(eq=False)

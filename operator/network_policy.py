@@ -11,7 +11,7 @@ side is another engineer's; spec.router.enabled is read defensively, default tru
   any pod of the namespace, as the chart's networkPolicy.clients says).
 
 What these cannot do: a pod that carries the service's labels is a "peer" to them. That is
-why /admin/* also asks for the peer secret (engine/http_auth.py) and snapshots are signed:
+why /admin/* also asks for the peer secret (engine/serve/http_auth.py) and snapshots are signed:
 the policy narrows who can reach an engine, the secret decides who may take its cache.
 """
 

@@ -1,5 +1,5 @@
 """The per-InferenceService peer secret: what the engines of one service share, and no
-client has (engine/peer_secret.py is the engine's side).
+client has (engine/peer/peer_secret.py is the engine's side).
 
 The operator creates it once — `create` only, a 409 means it exists — and never reads it
 back: it has no `get` on Secrets. The value is random (32 bytes, hex) and goes straight

@@ -26,7 +26,7 @@ from preheat.engine.kv.pool import KVPool
 from preheat.engine.kv.radix import RadixCache, RadixNode
 from preheat.engine.kv.snapshot import PrefixRecord
 from preheat.engine.kv.tiers import KVTiers, PrefetchTicket, page_keys, root_key
-from preheat.engine.sequence import Sequence
+from preheat.engine.request.sequence import Sequence
 
 log = logging.getLogger(__name__)
 

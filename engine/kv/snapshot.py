@@ -40,7 +40,7 @@ from safetensors.torch import save_file
 from preheat.engine.dtypes import KV_DTYPES, SAFETENSORS_CODES, dtype_name
 from preheat.engine.kv.checksum import tensor_sha256
 from preheat.engine.kv.safe_read import TooLarge, UnsafeEntry, fd_path, open_dir, open_regular, read_regular
-from preheat.engine.peer_secret import PeerKeys
+from preheat.engine.peer.peer_secret import PeerKeys
 
 log = logging.getLogger(__name__)
 

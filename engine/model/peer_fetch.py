@@ -29,8 +29,8 @@ import httpx
 
 from preheat.engine.model.download import CHUNK, Progress, RemoteFile, mismatch
 from preheat.engine.model.peer_serve import FILE_PATH, FILES_PATH
-from preheat.engine.peer_http import peer_headers, peer_timeout
-from preheat.engine.peer_secret import PeerKeys
+from preheat.engine.peer.peer_http import peer_headers, peer_timeout
+from preheat.engine.peer.peer_secret import PeerKeys
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ or the bucket (engine/model/peer_fetch.py is the other side).
   is not complete (no marker: never a half-downloaded model), or for another model's key.
 - `GET /admin/model/file?key=KEY&path=PATH`: one of those listed files, nothing else (the
   path must be in the marker: no traversal), at the size the marker records.
-Like every /admin/* route only to the service's peer secret (engine/http_auth.py; without
+Like every /admin/* route only to the service's peer secret (engine/serve/http_auth.py; without
 one they answer 404).
 """
 
@@ -23,9 +23,9 @@ from typing import Any
 
 from fastapi.responses import FileResponse, JSONResponse
 
-from preheat.engine.api_errors import APIError
 from preheat.engine.model.download import CompleteDownload, read_complete
 from preheat.engine.model.uri import LocalModel, ModelURIError, parse_model
+from preheat.engine.request.api_errors import APIError
 
 FILES_PATH = "/admin/model/files"
 FILE_PATH = "/admin/model/file"

@@ -147,7 +147,7 @@ def test_an_unreachable_hub_fails_fast(monkeypatch, tmp_path):
 
 def test_the_python_api_takes_a_hub_id(hub_endpoint, hub, tmp_path):
     from preheat.engine.llm import LLM
-    from preheat.engine.sampling_params import SamplingParams
+    from preheat.engine.request.sampling_params import SamplingParams
 
     with LLM(model=TINY_REPO, download_dir=str(tmp_path / "dl"), weight_cache_dir="off", dtype="float32",
              page_size=4, max_total_tokens=256, max_model_len=64) as llm:

@@ -15,13 +15,13 @@ from fastapi import FastAPI, Request
 from serve_process import free_port, serve_app, start
 from test_serve_download import FLAGS, counter
 
-from preheat.engine.api_errors import APIError
-from preheat.engine.http_auth import Authentication
 from preheat.engine.model.download import Progress, RemoteFile, read_complete
 from preheat.engine.model.fetch import fetch_model
 from preheat.engine.model.peer_fetch import ModelPeer, fetch_from_peer, listing_problem
 from preheat.engine.model.peer_serve import FILES_PATH, add_model_peer_routes, model_key
-from preheat.engine.peer_secret import PeerSecret
+from preheat.engine.peer.peer_secret import PeerSecret
+from preheat.engine.request.api_errors import APIError
+from preheat.engine.serve.http_auth import Authentication
 
 KEY = "peer-secret-for-model-files-0123456789"
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from preheat.engine import LLM, SamplingParams
-from preheat.engine.request_errors import QueueFull, RequestRejected
+from preheat.engine.request.errors import QueueFull, RequestRejected
 
 PARAMS = SamplingParams(max_tokens=3, ignore_eos=True, temperature=0)
 

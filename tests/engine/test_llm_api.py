@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from preheat.engine import LLM, SamplingParams
-from preheat.engine.request_errors import RequestRejected
+from preheat.engine.request.errors import RequestRejected
 
 MAX_MODEL_LEN = 96
 GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from preheat.engine import LLM, SamplingParams
-from preheat.engine.sampling import apply_logit_bias, apply_penalties, apply_top_k_top_p_min_p, sample
+from preheat.engine.sample.sampler import apply_logit_bias, apply_penalties, apply_top_k_top_p_min_p, sample
 
 
 @dataclass

@@ -1,14 +1,14 @@
-"""The SGLang /generate request in Preheat's terms (engine/sglang_params.py, pure) and
+"""The SGLang /generate request in Preheat's terms (engine/sglang/params.py, pure) and
 SGLang's flag names (engine/config.py): no server, no model."""
 
 from __future__ import annotations
 
 import pytest
 
-from preheat.engine.api_errors import APIError
 from preheat.engine.config import parse_args
-from preheat.engine.sglang_params import plan_generate, sampling_params
-from preheat.engine.sglang_protocol import GenerateRequest
+from preheat.engine.request.api_errors import APIError
+from preheat.engine.sglang.params import plan_generate, sampling_params
+from preheat.engine.sglang.protocol import GenerateRequest
 
 
 def plan(**body):

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 import torch
 
-from preheat.engine.sampling import sample, verify_drafts
-from preheat.engine.sampling_params import SamplingParams
-from preheat.engine.scheduler import SeqView, plan_step
-from preheat.engine.spec_decode import accept_greedy, accept_sampled, draft_limit, propose_ngram
+from preheat.engine.request.sampling_params import SamplingParams
+from preheat.engine.sample.sampler import sample, verify_drafts
+from preheat.engine.sched.scheduler import SeqView, plan_step
+from preheat.engine.sched.spec_decode import accept_greedy, accept_sampled, draft_limit, propose_ngram
 
 # --- drafting ---------------------------------------------------------------------------------
 
@@ -205,8 +205,8 @@ def test_verify_keeps_rows_of_several_sequences_apart() -> None:
 
 
 def test_draft_grammar_masks_follow_the_draft_and_roll_back(smollm_tokenizer) -> None:
-    from preheat.engine.sampling_params import StructuredOutput
-    from preheat.engine.structured import GrammarBackend, apply_draft_grammar_masks, apply_grammar_masks
+    from preheat.engine.request.sampling_params import StructuredOutput
+    from preheat.engine.sample.structured import GrammarBackend, apply_draft_grammar_masks, apply_grammar_masks
 
     tok = smollm_tokenizer
     vocab = len(tok)

@@ -20,7 +20,7 @@ from test_fault_containment import run as run_to_end
 
 from preheat.engine import LLM, SamplingParams
 from preheat.engine.kv.prefix_io import read_pages
-from preheat.engine.sampling_params import StructuredOutput
+from preheat.engine.request.sampling_params import StructuredOutput
 
 SMALL_VOCAB = 64  # the small_vocab_* fixtures' vocabulary (tests/engine/conftest.py)
 

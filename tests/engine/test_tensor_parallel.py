@@ -19,7 +19,7 @@ from tiny_models import build_tiny_model
 from preheat.engine import LLM
 from preheat.engine.distributed.sharding import TensorParallelError
 from preheat.engine.kv.snapshot import load_latest_snapshot, save_snapshot
-from preheat.engine.sampling_params import SamplingParams
+from preheat.engine.request.sampling_params import SamplingParams
 
 GREEDY = SamplingParams(max_tokens=6, temperature=0)
 # Small prefill chunks: the long prompt takes several steps, mixed with the others' decodes.

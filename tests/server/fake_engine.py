@@ -8,7 +8,7 @@ import time
 from types import SimpleNamespace
 
 # The real output type, so the fake cannot drift from what the server reads.
-from preheat.engine.sequence import RequestOutput
+from preheat.engine.request.sequence import RequestOutput
 
 
 class FakeEngine:
@@ -45,7 +45,7 @@ class FakeEngine:
         return seq.request_id
 
     def enqueue_all(self, seqs) -> list[str]:
-        from preheat.engine.request_errors import QueueFull
+        from preheat.engine.request.errors import QueueFull
 
         with self._lock:
             if len(self.live) + len(seqs) > self.max_queue_len:

@@ -1,4 +1,4 @@
-"""Rendering chats with tools (engine/chat_render.py) with the real SmolLM2 tokenizer, whose
+"""Rendering chats with tools (engine/api/chat_render.py) with the real SmolLM2 tokenizer, whose
 template ignores tools (the default format), and with tool-aware templates set on a copy."""
 
 from __future__ import annotations
@@ -9,15 +9,15 @@ import json
 import pytest
 from tool_templates import LLAMA_LIKE, QWEN_LIKE
 
-from preheat.engine.chat_render import (
+from preheat.engine.api.chat_render import (
     ToolRendering,
     render_chat,
     resolve_tool_rendering,
     template_facts,
     tools_section,
 )
-from preheat.engine.tool_calling import plan_tools
-from preheat.engine.tool_parsers import get_format
+from preheat.engine.tools.calling import plan_tools
+from preheat.engine.tools.parsers import get_format
 
 TOOLS = plan_tools([{"type": "function", "function": {
     "name": "get_weather", "description": "Current weather",

@@ -1,5 +1,5 @@
 """The HTTP server as an attacker reaches it, on a fake engine (no model): who may call
-what (engine/http_auth.py), JSON bodies only as application/json, trusted hosts, /health's
+what (engine/serve/http_auth.py), JSON bodies only as application/json, trusted hosts, /health's
 error text, and — over a real uvicorn server and raw sockets — a slowloris client, a body
 that never finishes, and a request flood that fills the request limit while the probes
 still answer."""
@@ -19,11 +19,11 @@ from fake_engine import FakeEngine
 
 from preheat.engine.async_engine import AsyncEngine
 from preheat.engine.config import EngineConfig
-from preheat.engine.http_auth import OPEN_ROUTES, refusal, route_kind
-from preheat.engine.http_limits import guarded_protocol
 from preheat.engine.metrics import Metrics
-from preheat.engine.peer_secret import PeerKeys
-from preheat.engine.server import create_app
+from preheat.engine.peer.peer_secret import PeerKeys
+from preheat.engine.serve.http_auth import OPEN_ROUTES, refusal, route_kind
+from preheat.engine.serve.http_limits import guarded_protocol
+from preheat.engine.serve.server import create_app
 
 API_KEY = "client-key-0123456789"
 PEER = b"peer-secret-0123456789ab"
@@ -75,7 +75,7 @@ def test_routes_are_open_peer_or_client_and_anything_new_is_client():
 
 
 async def test_the_export_is_refused_to_nobody_a_client_and_a_wrong_secret(app_client, tmp_path):
-    from preheat.engine.snapshotter import Snapshotter
+    from preheat.engine.warm.snapshotter import Snapshotter
 
     snapshotter = Snapshotter(str(tmp_path), 1024, 0, Metrics())
     _, http = await app_client(api_key=API_KEY, peer_secret=StaticSecret(PEER, b"previous-0123456789abc"),

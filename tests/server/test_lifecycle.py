@@ -112,7 +112,7 @@ def test_loading_then_ready_then_drain_on_sigterm(tmp_path):
         late = httpx.post(server.url + "/v1/completions", json={"model": MODEL, "prompt": "a"})
         assert late.status_code == 503
         # ... and closes its connection: a kept-alive client's retry then opens a new one,
-        # which the Service sends to a pod still serving (engine/connection_close.py).
+        # which the Service sends to a pod still serving (engine/serve/connection_close.py).
         assert late.headers.get("connection") == "close"
         assert r.headers.get("connection") != "close"  # before draining: kept alive
 

@@ -15,7 +15,7 @@ from server_process import API_KEY, TINY
 from slow_grammar import SLOW_REGEX
 from test_bad_input import assert_error
 
-from preheat.engine.request_limits import MAX_GRAMMAR_CHARS
+from preheat.engine.request.limits import MAX_GRAMMAR_CHARS
 
 pytestmark = pytest.mark.slow
 

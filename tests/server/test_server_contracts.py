@@ -14,11 +14,11 @@ from fake_engine import FakeEngine
 
 from preheat.engine.async_engine import AsyncEngine
 from preheat.engine.metrics import Metrics
-from preheat.engine.peer_secret import PeerKeys
-from preheat.engine.request_limits import MAX_N, MAX_STOP, SAMPLING_BOUNDS
-from preheat.engine.server import create_app
-from preheat.engine.snapshot_peer import MIN_SAVE_INTERVAL_S
-from preheat.engine.snapshotter import SavedSnapshot, Snapshotter
+from preheat.engine.peer.peer_secret import PeerKeys
+from preheat.engine.request.limits import MAX_N, MAX_STOP, SAMPLING_BOUNDS
+from preheat.engine.serve.server import create_app
+from preheat.engine.warm.snapshot_peer import MIN_SAVE_INTERVAL_S
+from preheat.engine.warm.snapshotter import SavedSnapshot, Snapshotter
 
 
 class StaticSecret:

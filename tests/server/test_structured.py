@@ -13,7 +13,7 @@ import pytest
 import torch
 from slow_grammar import SLOW_REGEX
 
-from preheat.engine.structured import GrammarBackend, InvalidGrammar, apply_grammar_masks
+from preheat.engine.sample.structured import GrammarBackend, InvalidGrammar, apply_grammar_masks
 
 VOCAB = 49152
 EOS = 2
@@ -155,7 +155,7 @@ def test_invalid_grammar_is_a_value_error_with_one_line(backend, spec):
 
 
 def test_a_grammar_over_the_size_limit_is_refused_before_compiling(backend):
-    from preheat.engine.request_limits import MAX_GRAMMAR_CHARS
+    from preheat.engine.request.limits import MAX_GRAMMAR_CHARS
 
     kills = backend.worker.kills
     with pytest.raises(InvalidGrammar) as info:

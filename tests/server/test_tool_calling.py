@@ -1,4 +1,4 @@
-"""Tool checking, plans and grammars (engine/tool_calling.py): pure functions, then the
+"""Tool checking, plans and grammars (engine/tools/calling.py): pure functions, then the
 guarantee itself — under the grammar, even random logits can only produce valid calls —
 with the real SmolLM2 tokenizer and xgrammar (no model)."""
 
@@ -10,9 +10,9 @@ import jsonschema
 import pytest
 import torch
 
-from preheat.engine.sampling_params import StructuredOutput
-from preheat.engine.structured import GrammarBackend, apply_grammar_masks
-from preheat.engine.tool_calling import (
+from preheat.engine.request.sampling_params import StructuredOutput
+from preheat.engine.sample.structured import GrammarBackend, apply_grammar_masks
+from preheat.engine.tools.calling import (
     ToolPlan,
     canonical_schema,
     plan_tools,
@@ -21,7 +21,7 @@ from preheat.engine.tool_calling import (
     tool_problems,
     tool_structured_output,
 )
-from preheat.engine.tool_parsers import get_format
+from preheat.engine.tools.parsers import get_format
 
 VOCAB = 49152
 EOS = 2

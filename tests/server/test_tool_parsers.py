@@ -1,4 +1,4 @@
-"""The tool-call parsers (engine/tool_parsers.py), pure: no model, no server."""
+"""The tool-call parsers (engine/tools/parsers.py), pure: no model, no server."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from preheat.engine.tool_parsers import (
+from preheat.engine.tools.parsers import (
     FORMATS,
     HermesFormat,
     Llama3JsonFormat,

@@ -15,8 +15,8 @@ from preheat.engine.async_engine import AsyncEngine, EngineNotReady
 from preheat.engine.config import EngineConfig
 from preheat.engine.lifecycle import Lifecycle, StartupStep
 from preheat.engine.metrics import Metrics
-from preheat.engine.sampling_params import SamplingParams
-from preheat.engine.server import create_app
+from preheat.engine.request.sampling_params import SamplingParams
+from preheat.engine.serve.server import create_app
 
 
 def make(steps=(), engine=None):

@@ -12,12 +12,12 @@ import pytest
 import yaml
 
 from preheat.engine.async_engine import AsyncEngine
-from preheat.engine.builtin_warmup import builtin_templates
 from preheat.engine.config import EngineConfig
 from preheat.engine.lifecycle import Lifecycle
 from preheat.engine.metrics import Metrics
-from preheat.engine.warm_start import build_warm_start, plan_limits
-from preheat.engine.warmup_templates import build_plan
+from preheat.engine.warm.builtin_warmup import builtin_templates
+from preheat.engine.warm.warm_start import build_warm_start, plan_limits
+from preheat.engine.warm.warmup_templates import build_plan
 
 pytestmark = pytest.mark.slow
 
@@ -63,7 +63,7 @@ def _recording_factory(batch_sizes: list[int]):
 
 
 async def test_with_no_templates_the_builtin_warmup_runs_before_ready_and_compiles_both_grammars(tmp_path, caplog):
-    caplog.set_level(logging.INFO, logger="preheat.engine.warmup_runner")
+    caplog.set_level(logging.INFO, logger="preheat.engine.warm.warmup_runner")
     templates = tmp_path / "templates"
     templates.mkdir()
     (templates / "ladder.yaml").write_text(yaml.safe_dump(

@@ -13,8 +13,8 @@ from fastapi import FastAPI
 from fastapi.responses import StreamingResponse
 from serve_process import serve_app
 
-from preheat.engine.snapshot_peer import NAME_HEADER, PATH, fetch_latest
-from preheat.engine.snapshot_transfer import BLOCK, BadTransfer, Extractor, member_header, parse_header
+from preheat.engine.warm.snapshot_peer import NAME_HEADER, PATH, fetch_latest
+from preheat.engine.warm.snapshot_transfer import BLOCK, BadTransfer, Extractor, member_header, parse_header
 
 from .test_snapshot_peer import KEY, keys
 

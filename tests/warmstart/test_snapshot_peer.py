@@ -1,4 +1,4 @@
-"""Snapshots fetched from a peer over HTTP (engine/snapshot_peer.py), on stand-ins (no
+"""Snapshots fetched from a peer over HTTP (engine/warm/snapshot_peer.py), on stand-ins (no
 model): the transfer round-trips, a bad transfer never lands, the peer needs the peer
 secret (not the API key), and whatever arrives is restored only if it passes the same
 checks as a snapshot on disk. Attacks on the stream itself: test_peer_stream_attacks.py."""
@@ -17,12 +17,12 @@ import pytest
 from fastapi import FastAPI, Request
 from serve_process import free_port, serve_app
 
-from preheat.engine.api_errors import APIError
-from preheat.engine.http_auth import Authentication
 from preheat.engine.kv.snapshot import list_snapshots, load_latest_snapshot, save_snapshot
 from preheat.engine.metrics import Metrics
-from preheat.engine.peer_secret import PeerKeys
-from preheat.engine.snapshot_peer import (
+from preheat.engine.peer.peer_secret import PeerKeys
+from preheat.engine.request.api_errors import APIError
+from preheat.engine.serve.http_auth import Authentication
+from preheat.engine.warm.snapshot_peer import (
     NAME_HEADER,
     BadTransfer,
     add_snapshot_peer_routes,
@@ -31,7 +31,7 @@ from preheat.engine.snapshot_peer import (
     pick_or_save,
     tar_stream,
 )
-from preheat.engine.snapshotter import (
+from preheat.engine.warm.snapshotter import (
     ASSUMED_WRITE_BYTES_PER_S,
     Snapshotter,
     kv_bytes_per_token,
@@ -46,7 +46,7 @@ CLIENT_KEY = "client-key-0123456789"
 
 
 class StaticSecret:
-    """A PeerSecret whose keys never change (engine/peer_secret.PeerSecret reads a file)."""
+    """A PeerSecret whose keys never change (engine/peer/peer_secret.PeerSecret reads a file)."""
 
     def __init__(self, *keys: str) -> None:
         raw = tuple(k.encode() for k in keys)

@@ -13,7 +13,7 @@ import pytest
 
 from preheat.engine.kv import snapshot as snap
 from preheat.engine.kv.snapshot import list_snapshots, load_latest_snapshot, prune_snapshots, save_snapshot
-from preheat.engine.peer_secret import PeerKeys, PeerSecret, PeerSecretError, load_peer_keys
+from preheat.engine.peer.peer_secret import PeerKeys, PeerSecret, PeerSecretError, load_peer_keys
 
 from .snapshot_helpers import fingerprint, manifest, record, write_manifest
 

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 from preheat.engine.kv.snapshot import list_snapshots, save_snapshot
 from preheat.engine.metrics import Metrics
-from preheat.engine.snapshotter import Snapshotter, kv_bytes_per_token, restore_budget
+from preheat.engine.warm.snapshotter import Snapshotter, kv_bytes_per_token, restore_budget
 
 from .snapshot_helpers import fingerprint, record
 

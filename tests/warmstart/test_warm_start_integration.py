@@ -32,10 +32,10 @@ import httpx
 import pytest
 import yaml
 
-from preheat.engine.builtin_warmup import builtin_templates
 from preheat.engine.kv.snapshot import list_snapshots, load_latest_snapshot, read_snapshot
-from preheat.engine.warmup_runner import chat_pin_ids
-from preheat.engine.warmup_templates import build_plan, load_templates
+from preheat.engine.warm.builtin_warmup import builtin_templates
+from preheat.engine.warm.warmup_runner import chat_pin_ids
+from preheat.engine.warm.warmup_templates import build_plan, load_templates
 
 from .bad_snapshots import DAMAGES, copy_as, make_bad_snapshots
 from .serve_helpers import Server, chat, metric, start

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from preheat.engine.warmup_templates import (
+from preheat.engine.warm.warmup_templates import (
     ChatMessage,
     PinnedPrefix,
     StructuredSpec,

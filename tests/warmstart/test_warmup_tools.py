@@ -15,15 +15,15 @@ import openai
 import pytest
 import yaml
 
+from preheat.engine.api.chat_render import engine_tool_rendering
 from preheat.engine.async_engine import AsyncEngine
-from preheat.engine.chat_render import engine_tool_rendering
 from preheat.engine.config import EngineConfig
 from preheat.engine.lifecycle import Lifecycle
 from preheat.engine.metrics import Metrics
-from preheat.engine.server import create_app
-from preheat.engine.tool_calling import plan_tools
-from preheat.engine.warm_start import build_warm_start
-from preheat.engine.warmup_runner import chat_pin_ids
+from preheat.engine.serve.server import create_app
+from preheat.engine.tools.calling import plan_tools
+from preheat.engine.warm.warm_start import build_warm_start
+from preheat.engine.warm.warmup_runner import chat_pin_ids
 
 pytestmark = pytest.mark.slow
 
@@ -43,7 +43,7 @@ def reordered(value):
 
 
 async def test_tool_grammars_and_the_tool_prompt_are_warm_before_ready(tmp_path, caplog):
-    caplog.set_level(logging.INFO, logger="preheat.engine.warmup_runner")
+    caplog.set_level(logging.INFO, logger="preheat.engine.warm.warmup_runner")
     shutil.copy(SHIPPED, tmp_path)
     template = yaml.safe_load(SHIPPED.read_text())
     config = EngineConfig(dtype="float32", max_model_len=1024, max_total_tokens=4096, page_size=16,

@@ -1,0 +1,1 @@
+"""Scheduling: the pure step planner and speculative drafting."""

@@ -1,0 +1,1 @@
+"""SGLang's native API (/generate and friends) mapped onto the engine."""
