@@ -1,6 +1,6 @@
 """The engine: requests in, tokens out, one scheduler step at a time.
 
-`Engine.step()` reads as its four parts: *schedule* (the pure planner in engine/sched/scheduler.py
+`Engine.step()` reads as its four parts: *schedule* (the pure planner in engine/sched/plan.py
 decides over views of the state what runs), *apply* (preemptions, admissions and the pages
 the plan granted, through the KV cache manager in engine/kv/cache_manager.py), *run* (one
 forward pass and sampling, engine/runner.py) and *postprocess* (progress, new tokens, stop
@@ -47,7 +47,7 @@ from preheat.engine.request.errors import QueueFull, RequestRejected
 from preheat.engine.request.sampling_params import SamplingParams
 from preheat.engine.request.sequence import RequestOutput, Sequence, Status, TokenLogprob
 from preheat.engine.runner import BatchEntry, EntryFailed, EntryTokens, ModelRunner
-from preheat.engine.sched.scheduler import SeqView, StepPlan, next_tokens_key, plan_step
+from preheat.engine.sched.plan import SeqView, StepPlan, next_tokens_key, plan_step
 from preheat.engine.sched.spec_decode import NgramDrafter, draft_limit
 
 log = logging.getLogger(__name__)

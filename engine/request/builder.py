@@ -21,7 +21,7 @@ from preheat.engine.request.detokenizer import IncrementalDetokenizer
 from preheat.engine.request.errors import RequestRejected
 from preheat.engine.request.sampling_params import SamplingParams
 from preheat.engine.request.sequence import Sequence
-from preheat.engine.sched.scheduler import pages_for
+from preheat.engine.sched.plan import pages_for
 
 
 def default_stop_ids(tokenizer: Any, hf_config: Any) -> set[int]:

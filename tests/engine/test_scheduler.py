@@ -8,7 +8,7 @@ import copy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from preheat.engine.sched.scheduler import (
+from preheat.engine.sched.plan import (
     SHARED_PREFIX_CHECK_TOKENS,
     SeqView,
     StepPlan,
