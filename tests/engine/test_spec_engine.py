@@ -109,7 +109,7 @@ def test_oracle_drafts_accepted_whole_in_part_or_not_at_all_stay_exact_under_pre
     # 40 pages of 4 tokens cannot hold all five sequences to the end: drafts are dropped
     # and sequences preempted as the pool fills.
     llm = spec_llm(small_vocab_llama_dir, max_total_tokens=160, chunked_prefill_size=32, num_speculative_tokens=5)
-    llm.engine.drafter = OracleDrafter(prompts, expected, SMALL_VOCAB)
+    llm.engine.speculator.drafter = OracleDrafter(prompts, expected, SMALL_VOCAB)
     results = llm.generate(prompts, params)
     assert [r.token_ids for r in results] == expected
     stats = llm.engine.stats()
@@ -127,7 +127,7 @@ def test_without_radix_cache_rejected_draft_pages_go_back(small_vocab_qwen2_dir)
     plain = LLM(model=str(small_vocab_qwen2_dir), dtype="float32", page_size=4, disable_radix_cache=True)
     expected = [r.token_ids for r in plain.generate(prompts, params)]
     llm = spec_llm(small_vocab_qwen2_dir, disable_radix_cache=True, num_speculative_tokens=8)
-    llm.engine.drafter = OracleDrafter(prompts, expected, SMALL_VOCAB, seed=3)
+    llm.engine.speculator.drafter = OracleDrafter(prompts, expected, SMALL_VOCAB, seed=3)
     assert [r.token_ids for r in llm.generate(prompts, params)] == expected
     assert llm.engine.pool.num_used_pages == 0
 
@@ -153,7 +153,7 @@ def test_sampling_features_stay_exact_with_several_tokens_per_step(case: str, sm
     want = plain.generate(prompts, params)
     expected = [r.token_ids for r in want]
     llm = spec_llm(small_vocab_llama_dir, num_speculative_tokens=4)
-    llm.engine.drafter = OracleDrafter(prompts, expected, SMALL_VOCAB, seed=5)
+    llm.engine.speculator.drafter = OracleDrafter(prompts, expected, SMALL_VOCAB, seed=5)
     got = llm.generate(prompts, params)
     assert [r.token_ids for r in got] == expected
     assert [r.finish_reason for r in got] == [r.finish_reason for r in want]
@@ -182,7 +182,7 @@ def test_stop_strings_and_stop_ids_cut_a_multi_token_step_where_decoding_would(s
     want = plain.generate(prompts, params)
     assert want[0].finish_reason == "stop" and want[1].finish_reason == "stop"
     llm = spec_llm(small_vocab_llama_dir, num_speculative_tokens=6)
-    llm.engine.drafter = OracleDrafter(prompts, full, SMALL_VOCAB, seed=7)
+    llm.engine.speculator.drafter = OracleDrafter(prompts, full, SMALL_VOCAB, seed=7)
     got = llm.generate(prompts, params)
     assert [(r.token_ids, r.text, r.finish_reason) for r in got] == [
         (r.token_ids, r.text, r.finish_reason) for r in want
@@ -222,7 +222,7 @@ def spec_fault_setup(model_dir: Path, base: str):
     plain = LLM(model=str(model_dir), dtype="float32", page_size=4, max_total_tokens=4096)
     expected = [r.token_ids for r in plain.generate(prompts, params)]
     llm = spec_llm(model_dir, num_speculative_tokens=4)
-    llm.engine.drafter = OracleDrafter(prompts, expected, SMALL_VOCAB, seed=9)
+    llm.engine.speculator.drafter = OracleDrafter(prompts, expected, SMALL_VOCAB, seed=9)
     seqs = [llm.engine.build_sequence(p, params, f"{base}-{i}") for i, p in enumerate(prompts)]
     return llm, seqs, expected
 
@@ -327,7 +327,7 @@ def test_speculative_sampling_keeps_the_distribution_of_plain_sampling(small_voc
     exact = exact_joint(hf, prompt, 3, top_k, temperature)
 
     llm = spec_llm(small_vocab_llama_dir, max_num_seqs=256, num_speculative_tokens=2, seed=11)
-    llm.engine.drafter = GreedyDrafter(hf, SMALL_VOCAB)
+    llm.engine.speculator.drafter = GreedyDrafter(hf, SMALL_VOCAB)
     # Four tokens: after the first, drafts of two are verified (both positions' rules run).
     params = SamplingParams(max_tokens=4, temperature=temperature, top_k=top_k, ignore_eos=True)
     results = llm.generate([prompt] * n, params)

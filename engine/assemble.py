@@ -1,0 +1,269 @@
+"""Everything an Engine is made of, built once from its config: the model, the KV pool sized to
+the device, the prefix cache and tiers, the grammar backend, the runner with its CUDA graphs
+and the request builder.
+
+The order matters and is the one a reader can follow top to bottom in `assemble`: the
+tensor-parallel workers start first (their start-up overlaps the load), the kernel backend
+is chosen before the model is built (it decides the weights' form: packed for the CPU
+kernels, plain tensors elsewhere), the pool is sized after the model is in memory (what is
+left is what the KV may use), fp8 KV scales are calibrated on the built model, and CUDA
+graphs are captured last, over the real pool.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from preheat.engine.config import ConfigError, EngineConfig, default_chunked_prefill_size
+from preheat.engine.distributed.comm import all_reduce
+from preheat.engine.distributed.driver import DrivenModel
+from preheat.engine.distributed.launcher import TensorParallel
+from preheat.engine.dtypes import torch_dtype
+from preheat.engine.kernels import attention
+from preheat.engine.kv.cache_manager import KVCacheManager
+from preheat.engine.kv.pool import KVPool, available_memory_bytes, pool_pages
+from preheat.engine.kv.radix import RadixCache
+from preheat.engine.kv.snapshot import model_fingerprint, tokenizer_hash
+from preheat.engine.kv.tiers import KVTiers
+from preheat.engine.model.build import build_model, select_moe_backend
+from preheat.engine.model.loader import load_model
+from preheat.engine.model.quantize import quantize_weights
+from preheat.engine.model.spec import ModelSpec
+from preheat.engine.request.builder import RequestBuilder, default_stop_ids
+from preheat.engine.runner import ModelRunner
+
+log = logging.getLogger(__name__)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda was asked for but CUDA is not available")
+    return device
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name != "auto":
+        return torch_dtype(name)
+    if device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        return torch.float16
+    return torch.bfloat16
+
+
+def fetched_config(config: EngineConfig) -> EngineConfig:
+    """The config with a hub or S3 --model replaced by its local copy (downloaded now when
+    missing). `preheat serve` has already done this in its downloading phase (a no-op
+    then); the Python API (`LLM(model="org/name")`) gets it here."""
+    from preheat.engine.model.download import Progress
+    from preheat.engine.model.fetch import fetch_model, needs_download
+
+    if not needs_download(config.model):
+        return config
+    fetched = fetch_model(config.model, config.download_dir, config.weight_cache_dir, Progress())
+    return dataclasses.replace(config, model=fetched.path,
+                               served_model_name=config.served_model_name or fetched.served_name)
+
+
+@dataclass
+class LoadedModel:
+    """The built model and what was learnt loading it."""
+
+    model: Any  # DecoderModel, or DrivenModel around it under tensor parallelism
+    hf_config: Any
+    spec: ModelSpec
+    tokenizer: Any
+    served_model_name: str
+    weights_id: str
+    weights_from_cache: bool
+    hf_dir: str | None  # lets benchmarks and tests load the same weights in transformers
+    attention_backend: str
+    load_seconds: float
+
+
+@dataclass
+class EngineParts:
+    device: torch.device
+    dtype: torch.dtype
+    tp: TensorParallel | None
+    loaded: LoadedModel
+    max_model_len: int
+    kv_dtype: torch.dtype
+    chunked_prefill_size: int
+    pool: KVPool
+    fingerprint: dict[str, Any]
+    kv: KVCacheManager
+    grammar_backend: Any
+    runner: ModelRunner
+    cuda_graph_capture_seconds: float
+    cuda_graph_batch_sizes: list[int]
+    requests: RequestBuilder
+
+
+def assemble(config: EngineConfig) -> EngineParts:
+    device = resolve_device(config.device)
+    dtype = resolve_dtype(config.dtype, device)
+    # Tensor parallel: the workers start first (their start-up overlaps this load), read
+    # the checkpoint themselves and build their shards (engine/distributed/).
+    tp = TensorParallel.launch(config, device, dtype) if config.tensor_parallel_size > 1 else None
+    try:
+        return _assemble(config, device, dtype, tp)
+    except BaseException:
+        if tp is not None:
+            tp.close()
+        raise
+
+
+def _assemble(config: EngineConfig, device: torch.device, dtype: torch.dtype, tp: TensorParallel | None) -> EngineParts:
+    loaded = load(config, device, dtype, tp)
+    spec = loaded.spec
+    max_model_len = min(config.max_model_len or spec.max_position_embeddings, spec.max_position_embeddings)
+    from preheat.engine.kernels.kv_fp8 import kv_storage_dtype
+
+    try:
+        kv_dtype = kv_storage_dtype(config.kv_cache_dtype, dtype, device)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    chunked_prefill_size = config.chunked_prefill_size or default_chunked_prefill_size(
+        device.type, torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else 0,
+    )
+    pool = make_pool(config, spec, kv_dtype, device, tp)
+    if pool.scales is not None and not tp:  # fp8 KV: per-layer scales, calibrated
+        from preheat.engine.kv.fp8_calibration import calibrate_kv_scales
+
+        pool.set_scales(calibrate_kv_scales(loaded.model, loaded.tokenizer, spec, device, dtype, kv_dtype,
+                                            config.page_size))
+    if tp:
+        loaded.model = DrivenModel(loaded.model, tp)
+    log.info(
+        "kv pool: %d tokens in %d pages of %d, %.2f GiB; up to %d prompt tokens per step",
+        pool.capacity_pages * config.page_size, pool.capacity_pages, config.page_size,
+        pool.bytes / 2**30, chunked_prefill_size,
+    )
+    fingerprint = fingerprint_of(loaded, pool, kv_dtype, config.quantization)
+    radix = RadixCache(pool) if config.enable_prefix_caching else None
+    tiers = KVTiers.from_config(config) if radix is not None else None
+    if tiers is not None:
+        log.info(
+            "kv tiers: L2 %.2f GiB host memory, L3 %s, prefetch %s",
+            config.host_cache_size, config.disk_cache_dir or "off", config.prefetch_policy,
+        )
+    kv = KVCacheManager(pool, radix, tiers, fingerprint)
+    grammar_backend, grammar_masks, draft_grammar_masks = grammar(loaded, config)
+    runner = ModelRunner(loaded.model, pool, device, grammar_masks, draft_grammar_masks)
+    graphs = runner.setup_graphs(
+        min(config.cuda_graph_max_bs, config.max_num_seqs), max_model_len, config.disable_cuda_graph,
+        loaded.attention_backend,
+    )
+    requests = RequestBuilder(
+        loaded.tokenizer, spec.vocab_size, max_model_len, pool.capacity_pages, pool.page_size,
+        default_stop_ids(loaded.tokenizer, loaded.hf_config), grammar_backend, device, config.seed,
+        config.max_request_prompt_tokens,
+    )
+    return EngineParts(
+        device, dtype, tp, loaded, max_model_len, kv_dtype, chunked_prefill_size, pool, fingerprint, kv,
+        grammar_backend, runner, graphs.capture_seconds, list(graphs.batch_sizes), requests,
+    )
+
+
+def load(config: EngineConfig, device: torch.device, dtype: torch.dtype, tp: TensorParallel | None) -> LoadedModel:
+    """Reads the checkpoint and builds the model on `device` (this rank's shard under tensor
+    parallelism, whose workers read their own)."""
+    started = time.monotonic()
+    loaded = load_model(config.model, dtype, config.weight_cache_dir)
+    if tp is not None:
+        tp.join(loaded)
+    spec = loaded.spec
+    moe_backend = select_moe_backend(device) if spec.moe is not None else "torch"
+    # Before the model is built: the backend decides the weights' form (packed for the
+    # CPU kernels, plain tensors elsewhere).
+    backend = attention.set_backend(device)
+    weights = loaded.weights
+    if config.quantization:
+        weights = quantize_weights(weights, spec, loaded.source, config.quantization)
+    model = build_model(
+        spec, loaded.hf_config, weights, device, dtype, moe_backend,
+        **({"sharder": tp.sharder(spec), "reduce": all_reduce} if tp else {}),
+    )  # fmt: skip
+    del weights  # the model holds what it needs; drop the checkpoint's own tensors
+    result = LoadedModel(
+        model, loaded.hf_config, spec, loaded.tokenizer, config.served_model_name or loaded.served_name,
+        loaded.weights_id, loaded.from_cache, loaded.hf_dir, backend, time.monotonic() - started,
+    )
+    del loaded
+    log.info(
+        "model: %s (%s, %d layers, %d heads / %d KV heads, head_dim %d) on %s in %s%s%s, kernels %s, "
+        "loaded in %.1fs",
+        result.served_model_name, spec.architecture, spec.num_layers, spec.num_heads,
+        spec.num_kv_heads, spec.head_dim, device, str(dtype).removeprefix("torch."),
+        f" with {config.quantization} weights" if config.quantization else "",
+        f", tensor parallel over {tp.size} ranks" if tp else "", backend, result.load_seconds,
+    )
+    return result
+
+
+def make_pool(config: EngineConfig, spec: ModelSpec, kv_dtype: torch.dtype, device: torch.device,
+              tp: TensorParallel | None) -> KVPool:
+    """The KV pool, sized to what the device has left after the weights (--mem-fraction-static
+    of it, at most --max-total-tokens), this rank's KV heads only."""
+    fraction = config.mem_fraction_static or (0.85 if device.type == "cuda" else 0.10)
+    kv_heads = tp.local_kv_heads(spec.num_kv_heads) if tp else spec.num_kv_heads
+    if tp and device.type == "cpu":
+        fraction /= tp.size  # every rank's pool comes out of the same host memory
+    num_pages = pool_pages(
+        spec.kv_bytes_per_token(kv_dtype) * kv_heads // spec.num_kv_heads,  # this rank's heads
+        available_memory_bytes(device),
+        fraction,
+        config.page_size,
+        config.max_total_tokens,
+    )
+    shape = (spec.num_layers, spec.num_kv_heads, spec.head_dim, num_pages, config.page_size, kv_dtype)
+    return tp.make_pool(*shape) if tp else KVPool(*shape, device)
+
+
+def fingerprint_of(loaded: LoadedModel, pool: KVPool, kv_dtype: torch.dtype, quantization: str | None) -> dict[str, Any]:
+    """What a snapshot must match to be restored here (engine/kv/snapshot.py)."""
+    spec, tokenizer = loaded.spec, loaded.tokenizer
+    return model_fingerprint(
+        architecture=spec.architecture,
+        num_layers=spec.num_layers,
+        num_kv_heads=spec.num_kv_heads,
+        head_dim=spec.head_dim,
+        dtype=kv_dtype,
+        page_size=pool.page_size,
+        tokenizer_hash=tokenizer_hash(
+            tokenizer.get_vocab(),
+            special_tokens={k: str(v) for k, v in tokenizer.special_tokens_map.items()},
+            chat_template=getattr(tokenizer, "chat_template", None),
+        ),
+        model_id=loaded.weights_id,
+        # Quantized weights give other KV; the field is absent otherwise, so snapshots
+        # of unquantized engines keep their fingerprint.
+        **({"quantization": quantization} if quantization else {}),
+        # fp8 KV: values were divided by these scales; other scales read them wrong.
+        **({"kv_scales": pool.scales.flatten().tolist()} if pool.scales is not None else {}),
+    )
+
+
+def grammar(loaded: LoadedModel, config: EngineConfig) -> tuple[Any, Any, Any]:
+    """(grammar backend, mask function, draft mask function); all None when xgrammar is not
+    importable (structured output is optional for the core engine)."""
+    try:
+        from preheat.engine.sample import structured
+    except ImportError as exc:
+        log.warning("structured output unavailable: %s", exc)
+        return None, None, None
+    try:
+        backend = structured.GrammarBackend(loaded.tokenizer, loaded.spec.vocab_size,
+                                            compile_timeout=config.grammar_compile_timeout)
+    except ImportError as exc:
+        log.warning("structured output unavailable: %s", exc)
+        return None, None, None
+    return backend, structured.apply_grammar_masks, structured.apply_draft_grammar_masks
