@@ -8,6 +8,7 @@ The process-wide instance (`default_metrics()`) is the one `preheat serve` expos
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -23,198 +24,216 @@ _STARTUP_BUCKETS = (0.1, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
 _TIER_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 TIERS = ("l1", "l2", "l3")
 
+@dataclass(frozen=True)
+class MetricDef:
+    """One metric: the attribute that holds it on Metrics, its kind, name, help, labels."""
+
+    attr: str
+    kind: type[Counter] | type[Gauge] | type[Histogram]
+    name: str
+    help: str
+    labels: tuple[str, ...] = ()
+    buckets: tuple[float, ...] | None = None
+
+    def make(self, registry: CollectorRegistry) -> Counter | Gauge | Histogram:
+        extra = {"buckets": self.buckets} if self.buckets is not None else {}
+        return self.kind(self.name, self.help, self.labels, registry=registry, **extra)
+
+
+# Every metric the engine exports, in the order /metrics lists them. Counters are named
+# without `_total` (prometheus_client appends it).
+METRICS: tuple[MetricDef, ...] = (
+    # --- tokens and cache ---
+    MetricDef("prompt_tokens", Counter, "preheat_prompt_tokens", "Prompt tokens processed."),
+    MetricDef("generation_tokens", Counter, "preheat_generation_tokens", "Tokens generated."),
+    MetricDef(
+        "prefix_cache_hit_tokens", Counter, "preheat_prefix_cache_hit_tokens",
+        "Prompt tokens served from the prefix cache instead of computed.",
+    ),
+    MetricDef(
+        "cache_hit_rate", Gauge, "preheat_cache_hit_rate",
+        "Prefix-cache hit tokens / prompt tokens since start.",
+    ),
+    # --- latency ---
+    MetricDef(
+        "ttft", Histogram, "preheat_time_to_first_token_seconds",
+        "Arrival to first generated token.", buckets=_TTFT_BUCKETS,
+    ),
+    MetricDef(
+        "tpot", Histogram, "preheat_time_per_output_token_seconds",
+        "Mean time between generated tokens after the first, per request.", buckets=_TPOT_BUCKETS,
+    ),
+    MetricDef("e2e", Histogram, "preheat_e2e_request_latency_seconds", "Arrival to last token.", buckets=_E2E_BUCKETS),
+    # --- requests ---
+    MetricDef(
+        "requests", Counter, "preheat_requests",
+        "Finished generation requests by finish reason.",
+        ("finish_reason",),
+    ),
+    MetricDef(
+        "request_errors", Counter, "preheat_request_errors",
+        "Requests refused with an error, by HTTP status.",
+        ("status",),
+    ),
+    MetricDef("num_running", Gauge, "preheat_num_requests_running", "Requests in the running batch."),
+    MetricDef(
+        "preemptions", Counter, "preheat_num_preemptions",
+        "Running requests preempted (pages freed, recomputed later) because the KV pool ran short.",
+    ),
+    MetricDef(
+        "deferred", Counter, "preheat_prefill_deferred",
+        "Admissions put off one step because another request was computing the same uncached prefix.",
+    ),
+    MetricDef(
+        "spec_draft_tokens", Counter, "preheat_spec_draft_tokens",
+        "Speculative decoding: draft tokens verified by the model (--speculative-method).",
+    ),
+    MetricDef(
+        "spec_accepted_tokens", Counter, "preheat_spec_accepted_tokens",
+        "Speculative decoding: draft tokens the model accepted (each one a decode step saved).",
+    ),
+    MetricDef("num_waiting", Gauge, "preheat_num_requests_waiting", "Requests queued for admission."),
+    MetricDef("kv_usage", Gauge, "preheat_kv_cache_usage_ratio", "Fraction of KV pages in use."),
+    MetricDef(
+        "kv_capacity_tokens", Gauge, "preheat_kv_cache_capacity_tokens",
+        "Size of the KV pool in tokens (pages x page size): with --kv-cache-dtype fp8 about twice what the same memory holds in the model dtype.",
+    ),
+    # The same three gauges under vLLM's names, which the Gateway API Inference
+    # Extension's endpoint picker and common KEDA / prometheus-adapter recipes read.
+    # vllm:kv_cache_usage_perc is a fraction (1 = full), as vLLM's is.
+    MetricDef("vllm_num_running", Gauge, "vllm:num_requests_running", "Requests in the running batch (vLLM's name)."),
+    MetricDef("vllm_num_waiting", Gauge, "vllm:num_requests_waiting", "Requests queued for admission (vLLM's name)."),
+    MetricDef(
+        "vllm_kv_usage", Gauge, "vllm:kv_cache_usage_perc",
+        "Fraction of KV pages in use, 1 = full (vLLM's name).",
+    ),
+    MetricDef(
+        "kv_request_pages", Gauge, "preheat_kv_cache_request_pages",
+        "KV pages owned by running requests (not yet handed to the prefix cache).",
+    ),
+    # --- readiness ---
+    MetricDef("ready", Gauge, "preheat_ready", "1 when /ready answers 200, else 0."),
+    MetricDef("phase", Gauge, "preheat_phase", "1 for the current readiness phase.", ("phase",)),
+    MetricDef(
+        "model_download_bytes", Counter, "preheat_model_download_bytes",
+        "Bytes of model files this process downloaded (hub, S3 or a peer; 0 when read from the cache).",
+    ),
+    MetricDef(
+        "model_download_source_bytes", Counter, "preheat_model_download_source_bytes",
+        "The same bytes by where they came from: peer (a Ready engine of the service), hub or s3 (the origin).",
+        ("source",),
+    ),
+    # --- warm start (recorded by warmup, snapshot and CUDA-graph code) ---
+    MetricDef(
+        "cuda_graph_capture_seconds", Gauge, "preheat_cuda_graph_capture_seconds",
+        "Time spent capturing CUDA graphs.",
+    ),
+    MetricDef(
+        "warmup_seconds", Gauge, "preheat_warmup_seconds",
+        "Time spent running warmup plans (the built-in warmup and the templates).",
+    ),
+    MetricDef(
+        "warmup_requests", Counter, "preheat_warmup_requests",
+        "Requests run by warmup: the built-in warmup and the templates.",
+    ),
+    MetricDef(
+        "snapshot_restored_tokens", Gauge, "preheat_snapshot_restored_tokens",
+        "Tokens of KV restored from a snapshot.",
+    ),
+    MetricDef(
+        "snapshot_restore_seconds", Gauge, "preheat_snapshot_restore_seconds",
+        "Time spent restoring the snapshot.",
+    ),
+    MetricDef(
+        "snapshot_saved_tokens", Gauge, "preheat_snapshot_saved_tokens",
+        "Tokens of KV in the last snapshot written.",
+    ),
+    MetricDef(
+        "snapshot_rejected", Counter, "preheat_snapshot_rejected",
+        "Snapshots refused (incompatible, truncated, tampered...).",
+        ("reason",),
+    ),
+    MetricDef(
+        "snapshot_peer_fetches", Counter, "preheat_snapshot_peer_fetches",
+        "Snapshot fetches from a peer at start-up, by result: fetched, present (already here), none (no peer ready or nothing cached), unreachable, refused, timeout, error.",
+        ("result",),
+    ),
+    MetricDef(
+        "snapshot_peer_fetch_seconds", Gauge, "preheat_snapshot_peer_fetch_seconds",
+        "Time the last peer fetch took.",
+    ),
+    # --- KV tiers (engine counters, synced after every step by record_tiers) ---
+    MetricDef(
+        "kv_tier_hit_tokens", Counter, "preheat_kv_tier_hit_tokens",
+        "Prompt tokens found in a KV tier instead of computed: l1 = device pool (radix match), l2 = host memory, l3 = disk (brought back to L1).",
+        ("tier",),
+    ),
+    MetricDef(
+        "l2_to_l1_latency", Histogram, "preheat_l2_to_l1_latency_seconds",
+        "Time to bring a matched prefix's pages from L2 (or L3 through L2) back into L1.", buckets=_TIER_BUCKETS,
+    ),
+    MetricDef(
+        "kv_disk_evictions", Counter, "preheat_kv_disk_evictions",
+        "KV pages dropped from the L3 disk tier to stay within its capacity.",
+    ),
+    MetricDef(
+        "kv_tier_errors", Counter, "preheat_kv_tier_errors",
+        "Failed reads and writes of the L2 (host) and L3 (disk) KV tiers, each treated as a cache miss: a full or failing disk, a corrupt page, no host memory.",
+        ("tier", "op"),
+    ),
+    MetricDef(
+        "startup_seconds", Histogram, "preheat_startup_step_seconds",
+        "Duration of each start-up step.",
+        ("step",), buckets=_STARTUP_BUCKETS,
+    ),
+)
+
 
 class Metrics:
+    prompt_tokens: Counter
+    generation_tokens: Counter
+    prefix_cache_hit_tokens: Counter
+    cache_hit_rate: Gauge
+    ttft: Histogram
+    tpot: Histogram
+    e2e: Histogram
+    requests: Counter
+    request_errors: Counter
+    num_running: Gauge
+    preemptions: Counter
+    deferred: Counter
+    spec_draft_tokens: Counter
+    spec_accepted_tokens: Counter
+    num_waiting: Gauge
+    kv_usage: Gauge
+    kv_capacity_tokens: Gauge
+    vllm_num_running: Gauge
+    vllm_num_waiting: Gauge
+    vllm_kv_usage: Gauge
+    kv_request_pages: Gauge
+    ready: Gauge
+    phase: Gauge
+    model_download_bytes: Counter
+    model_download_source_bytes: Counter
+    cuda_graph_capture_seconds: Gauge
+    warmup_seconds: Gauge
+    warmup_requests: Counter
+    snapshot_restored_tokens: Gauge
+    snapshot_restore_seconds: Gauge
+    snapshot_saved_tokens: Gauge
+    snapshot_rejected: Counter
+    snapshot_peer_fetches: Counter
+    snapshot_peer_fetch_seconds: Gauge
+    kv_tier_hit_tokens: Counter
+    l2_to_l1_latency: Histogram
+    kv_disk_evictions: Counter
+    kv_tier_errors: Counter
+    startup_seconds: Histogram
+
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
-        r = self.registry
-        # --- tokens and cache ---
-        self.prompt_tokens = Counter("preheat_prompt_tokens", "Prompt tokens processed.", registry=r)
-        self.generation_tokens = Counter(
-            "preheat_generation_tokens", "Tokens generated.", registry=r
-        )
-        self.prefix_cache_hit_tokens = Counter(
-            "preheat_prefix_cache_hit_tokens",
-            "Prompt tokens served from the prefix cache instead of computed.",
-            registry=r,
-        )
-        self.cache_hit_rate = Gauge(
-            "preheat_cache_hit_rate",
-            "Prefix-cache hit tokens / prompt tokens since start.",
-            registry=r,
-        )
-        # --- latency ---
-        self.ttft = Histogram(
-            "preheat_time_to_first_token_seconds",
-            "Arrival to first generated token.",
-            buckets=_TTFT_BUCKETS,
-            registry=r,
-        )
-        self.tpot = Histogram(
-            "preheat_time_per_output_token_seconds",
-            "Mean time between generated tokens after the first, per request.",
-            buckets=_TPOT_BUCKETS,
-            registry=r,
-        )
-        self.e2e = Histogram(
-            "preheat_e2e_request_latency_seconds",
-            "Arrival to last token.",
-            buckets=_E2E_BUCKETS,
-            registry=r,
-        )
-        # --- requests ---
-        self.requests = Counter(
-            "preheat_requests",
-            "Finished generation requests by finish reason.",
-            ["finish_reason"],
-            registry=r,
-        )
-        self.request_errors = Counter(
-            "preheat_request_errors",
-            "Requests refused with an error, by HTTP status.",
-            ["status"],
-            registry=r,
-        )
-        self.num_running = Gauge(
-            "preheat_num_requests_running", "Requests in the running batch.", registry=r
-        )
-        self.preemptions = Counter(
-            "preheat_num_preemptions",
-            "Running requests preempted (pages freed, recomputed later) because the KV pool ran short.",
-            registry=r,
-        )
-        self.deferred = Counter(
-            "preheat_prefill_deferred",
-            "Admissions put off one step because another request was computing the same uncached prefix.",
-            registry=r,
-        )
-        self.spec_draft_tokens = Counter(
-            "preheat_spec_draft_tokens",
-            "Speculative decoding: draft tokens verified by the model (--speculative-method).",
-            registry=r,
-        )
-        self.spec_accepted_tokens = Counter(
-            "preheat_spec_accepted_tokens",
-            "Speculative decoding: draft tokens the model accepted (each one a decode step saved).",
-            registry=r,
-        )
-        self.num_waiting = Gauge(
-            "preheat_num_requests_waiting", "Requests queued for admission.", registry=r
-        )
-        self.kv_usage = Gauge(
-            "preheat_kv_cache_usage_ratio", "Fraction of KV pages in use.", registry=r
-        )
-        self.kv_capacity_tokens = Gauge(
-            "preheat_kv_cache_capacity_tokens",
-            "Size of the KV pool in tokens (pages x page size): with --kv-cache-dtype fp8 about "
-            "twice what the same memory holds in the model dtype.",
-            registry=r,
-        )
-        # The same three gauges under vLLM's names, which the Gateway API Inference
-        # Extension's endpoint picker and common KEDA / prometheus-adapter recipes read.
-        # vllm:kv_cache_usage_perc is a fraction (1 = full), as vLLM's is.
-        self.vllm_num_running = Gauge(
-            "vllm:num_requests_running", "Requests in the running batch (vLLM's name).", registry=r
-        )
-        self.vllm_num_waiting = Gauge(
-            "vllm:num_requests_waiting", "Requests queued for admission (vLLM's name).", registry=r
-        )
-        self.vllm_kv_usage = Gauge(
-            "vllm:kv_cache_usage_perc", "Fraction of KV pages in use, 1 = full (vLLM's name).",
-            registry=r,
-        )
-        self.kv_request_pages = Gauge(
-            "preheat_kv_cache_request_pages",
-            "KV pages owned by running requests (not yet handed to the prefix cache).",
-            registry=r,
-        )
-        # --- readiness ---
-        self.ready = Gauge("preheat_ready", "1 when /ready answers 200, else 0.", registry=r)
-        self.phase = Gauge(
-            "preheat_phase", "1 for the current readiness phase.", ["phase"], registry=r
-        )
-        self.model_download_bytes = Counter(
-            "preheat_model_download_bytes",
-            "Bytes of model files this process downloaded (hub, S3 or a peer; 0 when read from "
-            "the cache).",
-            registry=r,
-        )
-        self.model_download_source_bytes = Counter(
-            "preheat_model_download_source_bytes",
-            "The same bytes by where they came from: peer (a Ready engine of the service), hub "
-            "or s3 (the origin).",
-            ["source"],
-            registry=r,
-        )
-        # --- warm start (recorded by warmup, snapshot and CUDA-graph code) ---
-        self.cuda_graph_capture_seconds = Gauge(
-            "preheat_cuda_graph_capture_seconds", "Time spent capturing CUDA graphs.", registry=r
-        )
-        self.warmup_seconds = Gauge(
-            "preheat_warmup_seconds", "Time spent running warmup plans (the built-in warmup and the templates).",
-            registry=r,
-        )
-        self.warmup_requests = Counter(
-            "preheat_warmup_requests", "Requests run by warmup: the built-in warmup and the templates.", registry=r
-        )
-        self.snapshot_restored_tokens = Gauge(
-            "preheat_snapshot_restored_tokens", "Tokens of KV restored from a snapshot.", registry=r
-        )
-        self.snapshot_restore_seconds = Gauge(
-            "preheat_snapshot_restore_seconds", "Time spent restoring the snapshot.", registry=r
-        )
-        self.snapshot_saved_tokens = Gauge(
-            "preheat_snapshot_saved_tokens", "Tokens of KV in the last snapshot written.", registry=r
-        )
-        self.snapshot_rejected = Counter(
-            "preheat_snapshot_rejected",
-            "Snapshots refused (incompatible, truncated, tampered...).",
-            ["reason"],
-            registry=r,
-        )
-        self.snapshot_peer_fetches = Counter(
-            "preheat_snapshot_peer_fetches",
-            "Snapshot fetches from a peer at start-up, by result: fetched, present (already "
-            "here), none (no peer ready or nothing cached), unreachable, refused, timeout, error.",
-            ["result"],
-            registry=r,
-        )
-        self.snapshot_peer_fetch_seconds = Gauge(
-            "preheat_snapshot_peer_fetch_seconds", "Time the last peer fetch took.", registry=r
-        )
-        # --- KV tiers (engine counters, synced after every step by record_tiers) ---
-        self.kv_tier_hit_tokens = Counter(
-            "preheat_kv_tier_hit_tokens",
-            "Prompt tokens found in a KV tier instead of computed: l1 = device pool (radix "
-            "match), l2 = host memory, l3 = disk (brought back to L1).",
-            ["tier"],
-            registry=r,
-        )
-        self.l2_to_l1_latency = Histogram(
-            "preheat_l2_to_l1_latency_seconds",
-            "Time to bring a matched prefix's pages from L2 (or L3 through L2) back into L1.",
-            buckets=_TIER_BUCKETS,
-            registry=r,
-        )
-        self.kv_disk_evictions = Counter(
-            "preheat_kv_disk_evictions",
-            "KV pages dropped from the L3 disk tier to stay within its capacity.",
-            registry=r,
-        )
-        self.kv_tier_errors = Counter(
-            "preheat_kv_tier_errors",
-            "Failed reads and writes of the L2 (host) and L3 (disk) KV tiers, each treated as a "
-            "cache miss: a full or failing disk, a corrupt page, no host memory.",
-            ["tier", "op"],
-            registry=r,
-        )
-        self.startup_seconds = Histogram(
-            "preheat_startup_step_seconds",
-            "Duration of each start-up step.",
-            ["step"],
-            buckets=_STARTUP_BUCKETS,
-            registry=r,
-        )
+        for d in METRICS:
+            setattr(self, d.attr, d.make(self.registry))
         self._lock = threading.Lock()
         self._prompt_total = 0
         self._hit_total = 0
