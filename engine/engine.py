@@ -34,7 +34,6 @@ from preheat.engine.request.sampling_params import SamplingParams
 from preheat.engine.request.sequence import RequestOutput, Sequence
 from preheat.engine.runner import EntryFailed, EntryTokens
 from preheat.engine.sched.inbox import Inbox, run_calls
-from preheat.engine.sched.plan import StepPlan
 from preheat.engine.sched.scheduler import Batch, Scheduler, SchedulerLimits
 from preheat.engine.sched.speculation import Speculator, warm_speculation
 
@@ -204,13 +203,6 @@ class Engine:
                 outputs.append(self.scheduler.fail(failed.entry.seq, "preparing its inputs", failed.error))
                 batch.drop(failed.entry)
         return []
-
-    def plan(self) -> StepPlan:
-        """What the next step would run (the planner's StepPlan), without running it."""
-        return self.scheduler.plan(self.speculator.propose(self.scheduler.running))
-
-    def admission_window(self) -> int:
-        return self.scheduler.admission_window()
 
     def warm_speculation(self) -> float:
         """Runs the speculative verify path before the engine serves (engine/sched/speculation.py)."""

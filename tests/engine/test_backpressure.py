@@ -55,7 +55,7 @@ def test_waiting_requests_beyond_the_admission_window_cost_no_prefix_match(tiny_
     finished = 0
     while engine.has_unfinished():
         before = len(matches)
-        window = engine.admission_window()  # what the coming step may look at
+        window = engine.scheduler.admission_window()  # what the coming step may look at
         finished += sum(o.finished for o in engine.step())
         per_step.append(len(matches) - before)
         assert per_step[-1] <= window <= 2 * engine.config.max_num_seqs
