@@ -4,7 +4,7 @@ This is where the GPU path plugs in: a batch of decodes only (every row one toke
 through `decode_forward`, which on CUDA replays a captured graph for the padded batch size
 (engine/cuda_graph.py) and elsewhere runs eagerly.
 
-A decoding sequence with a speculative draft (engine/sched/spec_decode.py) comes as an extend
+A decoding sequence with a speculative draft (engine/sample/spec_decode.py) comes as an extend
 entry of 1 + len(draft) tokens over its cached prefix: the extend attention path computes
 it, every one of its rows yields logits, and `verify_drafts` keeps what the model agrees
 with. Such a step runs eagerly (plain decode steps keep their CUDA graphs).

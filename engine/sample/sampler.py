@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import torch
 
 from preheat.engine.request.sampling_params import SamplingParams
-from preheat.engine.sched import spec_decode
+from preheat.engine.sample import spec_decode
 
 
 class SamplingRow(Protocol):
@@ -199,7 +199,7 @@ def verify_drafts(
     after its last known token and after each draft token, back to back. Every row is
     processed as decoding would process it at that position (penalties over the output plus
     the draft so far, logit bias, the grammar advanced through the draft), then the draft is
-    accepted or rejected (engine/sched/spec_decode.py). Returns, per sequence, the tokens this step
+    accepted or rejected (engine/sample/spec_decode.py). Returns, per sequence, the tokens this step
     yields (at least one) with their logprobs when asked."""
     positions: list[DraftPosition] = []
     starts: list[int] = []

@@ -1,7 +1,7 @@
 """Speculative decoding's drafting side: which decoding sequences get a draft this step, and
 the warm-up of the verify path before the engine serves.
 
-The drafter (prompt lookup, engine/sched/spec_decode.py) proposes; the planner grants the
+The drafter (prompt lookup, engine/sample/spec_decode.py) proposes; the planner grants the
 drafts KV pages; the runner verifies them as extends and the sampler accepts a prefix
 (engine/sample/sampler.py). A draft only ever speeds a request up, so anything that goes
 wrong here costs that sequence its draft for one step, never the request.
@@ -19,7 +19,7 @@ from preheat.engine.request.builder import RequestBuilder
 from preheat.engine.request.sampling_params import SamplingParams
 from preheat.engine.request.sequence import Sequence
 from preheat.engine.runner import BatchEntry, ModelRunner
-from preheat.engine.sched.spec_decode import NgramDrafter, draft_limit
+from preheat.engine.sample.spec_decode import NgramDrafter, draft_limit
 
 log = logging.getLogger(__name__)
 

@@ -14,8 +14,8 @@ import torch
 
 from preheat.engine.request.sampling_params import SamplingParams
 from preheat.engine.sample.sampler import sample, verify_drafts
+from preheat.engine.sample.spec_decode import accept_greedy, accept_sampled, draft_limit, propose_ngram
 from preheat.engine.sched.plan import SeqView, plan_step
-from preheat.engine.sched.spec_decode import accept_greedy, accept_sampled, draft_limit, propose_ngram
 
 # --- drafting ---------------------------------------------------------------------------------
 
