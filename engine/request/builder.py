@@ -21,7 +21,6 @@ from preheat.engine.request.detokenizer import IncrementalDetokenizer
 from preheat.engine.request.errors import RequestRejected
 from preheat.engine.request.sampling_params import SamplingParams
 from preheat.engine.request.sequence import Sequence
-from preheat.engine.sched.plan import pages_for
 
 
 def default_stop_ids(tokenizer: Any, hf_config: Any) -> set[int]:
@@ -113,7 +112,7 @@ class RequestBuilder:
             )
         limit = n + max_tokens if max_tokens is not None else self.max_model_len
         capacity = self.pool_pages * self.page_size
-        if pages_for(limit, self.page_size) > self.pool_pages:
+        if limit > capacity:  # = more pages than the pool has, page rounding included
             raise RequestRejected(
                 "request_too_large", "max_tokens",
                 f"the request needs up to {limit} tokens of KV but the pool holds {capacity}",
