@@ -11,7 +11,7 @@ import dataclasses
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from preheat.engine.dtypes import MODEL_DTYPES
 from preheat.engine.tools.parsers import FORMATS
@@ -30,8 +30,11 @@ def _opt(help: str, default: Any = None, **extra: Any) -> Any:
 
 
 @dataclass
-class EngineConfig:
-    # --- model ---
+class ModelSettings:
+    """What to serve and how to hold it: read by engine/assemble.py and engine/model/."""
+
+    SECTION: ClassVar[str] = "model"
+
     model: str | None = _opt(
         "Model to serve: a Hugging Face directory (config + safetensors + tokenizer) or a "
         ".gguf file; a hub id ORG/NAME or hf://ORG/NAME[@REVISION][/FILE.gguf] (HF_ENDPOINT, "
@@ -87,7 +90,13 @@ class EngineConfig:
         choices=QUANTIZATIONS,
     )
 
-    # --- KV pool and prefix cache ---
+
+@dataclass
+class CacheSettings:
+    """The KV pool, the prefix cache and the L2/L3 tiers: read by engine/assemble.py and engine/kv/."""
+
+    SECTION: ClassVar[str] = "KV cache"
+
     page_size: int = _opt("Tokens per KV page.", 16, min=1, max=1024)
     mem_fraction_static: float | None = _opt(
         "Fraction of free device memory for the KV pool (default 0.85 on GPU, 0.10 of "
@@ -108,7 +117,32 @@ class EngineConfig:
     )
     disable_radix_cache: bool = _opt("Turn the radix prefix cache off.", False)
 
-    # --- scheduler ---
+    # L2/L3 tiers below the pool
+    host_cache_size: float = _opt(
+        "GiB of host memory for the L2 KV tier (0 = off).", 0.0, min=0.0
+    )
+    disk_cache_dir: str | None = _opt("Directory for the L3 KV tier (empty = off).")
+    prefetch_policy: str = _opt(
+        "How a match that reaches L2/L3 pages waits for them.",
+        "best_effort",
+        choices=PREFETCH_POLICIES,
+        aliases=("--hicache-storage-prefetch-policy",),
+    )
+    prefetch_timeout_ms: float = _opt(
+        "Deadline for the 'timeout' prefetch policy.", 50.0, min=0.0
+    )
+
+    @property
+    def enable_prefix_caching(self) -> bool:
+        return not self.disable_radix_cache
+
+
+@dataclass
+class SchedulerSettings:
+    """What runs each step: read by engine/sched/scheduler.py."""
+
+    SECTION: ClassVar[str] = "scheduler"
+
     max_num_seqs: int = _opt("Most requests running at once.", 64, min=1, aliases=("--max-running-requests",))
     max_queue_len: int = _opt(
         "Most requests waiting to start (each choice of each prompt counts); a request that "
@@ -124,7 +158,13 @@ class EngineConfig:
         min=1,
     )
 
-    # --- speculative decoding ---
+
+@dataclass
+class SpeculativeSettings:
+    """Drafts: read by engine/sched/speculation.py."""
+
+    SECTION: ClassVar[str] = "speculative decoding"
+
     speculative_method: str | None = _opt(
         "Speculative decoding: 'ngram' drafts the next tokens by prompt lookup (the tokens that "
         "followed the last n tokens' latest earlier occurrence in prompt + output) and verifies "
@@ -145,11 +185,51 @@ class EngineConfig:
     )
     prompt_lookup_min: int = _opt("Shortest n-gram the ngram drafter looks up.", 2, min=1, max=64)
 
-    # --- GPU path ---
+
+@dataclass
+class RequestSettings:
+    """Bounds and formats of one request: read by engine/request/ and engine/sample/."""
+
+    SECTION: ClassVar[str] = "requests"
+
+    tool_call_parser: str = _opt(
+        "Format the model writes tool calls in (parsed out of its answers, and enforced by a "
+        "grammar): hermes (<tool_call> JSON; Hermes, Qwen) or llama3_json (Llama 3.x JSON). "
+        "auto: the one the chat template shows, else hermes.",
+        "auto",
+        choices=TOOL_CALL_PARSERS,
+    )
+    max_request_prompt_tokens: int = _opt(
+        "Most prompt tokens one request may bring, summed over its prompts and choices "
+        "(prompts x n); more is a 400.",
+        262144,
+        min=1,
+    )
+    grammar_compile_timeout: float = _opt(
+        "Seconds a regex or JSON schema may take to compile; a longer compile is stopped "
+        "and the request answered 400.",
+        10.0,
+        min_excl=0.0,
+    )
+
+
+
+@dataclass
+class GPUSettings:
+    """CUDA graphs: read by engine/runner.py."""
+
+    SECTION: ClassVar[str] = "GPU path"
+
     cuda_graph_max_bs: int = _opt("Largest decode batch captured as a CUDA graph.", 32, min=1)
     disable_cuda_graph: bool = _opt("Decode eagerly even on CUDA.", False)
 
-    # --- server ---
+
+@dataclass
+class ServerSettings:
+    """The HTTP process: read by engine/serve/."""
+
+    SECTION: ClassVar[str] = "server"
+
     host: str = _opt("Address to bind.", "0.0.0.0")
     port: int = _opt("Port to bind.", 8000, min=1, max=65535)
     api_key: str | None = _opt(
@@ -185,27 +265,18 @@ class EngineConfig:
         "Seconds to let in-flight requests finish after SIGTERM.", 25.0, min=0.0
     )
     max_request_body_bytes: int = _opt("Largest accepted request body.", 4 * 1024 * 1024, min=1)
-    tool_call_parser: str = _opt(
-        "Format the model writes tool calls in (parsed out of its answers, and enforced by a "
-        "grammar): hermes (<tool_call> JSON; Hermes, Qwen) or llama3_json (Llama 3.x JSON). "
-        "auto: the one the chat template shows, else hermes.",
-        "auto",
-        choices=TOOL_CALL_PARSERS,
-    )
-    max_request_prompt_tokens: int = _opt(
-        "Most prompt tokens one request may bring, summed over its prompts and choices "
-        "(prompts x n); more is a 400.",
-        262144,
-        min=1,
-    )
-    grammar_compile_timeout: float = _opt(
-        "Seconds a regex or JSON schema may take to compile; a longer compile is stopped "
-        "and the request answered 400.",
-        10.0,
-        min_excl=0.0,
-    )
 
-    # --- warm start ---
+    @property
+    def trusted_host_list(self) -> list[str]:
+        return [h.strip() for h in (self.trusted_hosts or "").split(",") if h.strip()]
+
+
+@dataclass
+class WarmStartSettings:
+    """Warmup and snapshots: read by engine/warm/."""
+
+    SECTION: ClassVar[str] = "warm start"
+
     warmup_templates: str | None = _opt(
         "Directory of warmup template YAML files to run before /ready turns 200."
     )
@@ -258,27 +329,18 @@ class EngineConfig:
         min=0.0,
     )
 
-    # --- KV tiers ---
-    host_cache_size: float = _opt(
-        "GiB of host memory for the L2 KV tier (0 = off).", 0.0, min=0.0
-    )
-    disk_cache_dir: str | None = _opt("Directory for the L3 KV tier (empty = off).")
-    prefetch_policy: str = _opt(
-        "How a match that reaches L2/L3 pages waits for them.",
-        "best_effort",
-        choices=PREFETCH_POLICIES,
-        aliases=("--hicache-storage-prefetch-policy",),
-    )
-    prefetch_timeout_ms: float = _opt(
-        "Deadline for the 'timeout' prefetch policy.", 50.0, min=0.0
-    )
+
+@dataclass
+class EngineConfig(
+    WarmStartSettings, ServerSettings, GPUSettings, RequestSettings, SpeculativeSettings, SchedulerSettings,
+    CacheSettings, ModelSettings,
+):
+    """Every engine setting: the sections above, flat. Flags, `PREHEAT_<FIELD>` variables and
+    `LLM(**kwargs)` use the flat names; each part of the engine is handed (and typed as) the
+    section it reads."""
 
     def __post_init__(self) -> None:
         validate(self)
-
-    @property
-    def enable_prefix_caching(self) -> bool:
-        return not self.disable_radix_cache
 
     @property
     def request_limit(self) -> int:
@@ -287,9 +349,11 @@ class EngineConfig:
             return self.limit_concurrency
         return self.max_num_seqs + self.max_queue_len + 64
 
-    @property
-    def trusted_host_list(self) -> list[str]:
-        return [h.strip() for h in (self.trusted_hosts or "").split(",") if h.strip()]
+
+SECTIONS: tuple[type, ...] = (
+    ModelSettings, CacheSettings, SchedulerSettings, SpeculativeSettings, RequestSettings, GPUSettings,
+    ServerSettings, WarmStartSettings,
+)
 
 
 class ConfigError(ValueError):
@@ -364,22 +428,29 @@ def _parse_bool(text: str) -> bool:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Adds one flag per field; defaults come from PREHEAT_<FIELD> when set."""
-    for f in dataclasses.fields(EngineConfig):
-        kind = _field_type(f)
-        flag = "--" + f.name.replace("_", "-")
-        env = "PREHEAT_" + f.name.upper()
-        help_text = f"{f.metadata.get('help', '')} [env {env}]"
-        # SGLang's names for the flags its users type first (docs/coming-from-sglang.md).
-        names = [flag, *f.metadata.get("aliases", ())]
-        if kind is bool:
-            parser.add_argument(*names, dest=f.name, action="store_true", default=None, help=help_text)
-        else:
-            default = f.default
-            shown = "" if default is None else f" (default: {default})"
-            parser.add_argument(
-                *names, dest=f.name, type=str, default=None, help=help_text + shown, metavar=f.name.upper()
-            )
+    """Adds one flag per field, grouped by section in `--help`; defaults come from
+    PREHEAT_<FIELD> when set."""
+    for section in SECTIONS:
+        group = parser.add_argument_group(section.SECTION)
+        for f in dataclasses.fields(section):
+            _add_flag(group, f)
+
+
+def _add_flag(parser: Any, f: dataclasses.Field) -> None:
+    kind = _field_type(f)
+    flag = "--" + f.name.replace("_", "-")
+    env = "PREHEAT_" + f.name.upper()
+    help_text = f"{f.metadata.get('help', '')} [env {env}]"
+    # SGLang's names for the flags its users type first (docs/coming-from-sglang.md).
+    names = [flag, *f.metadata.get("aliases", ())]
+    if kind is bool:
+        parser.add_argument(*names, dest=f.name, action="store_true", default=None, help=help_text)
+    else:
+        default = f.default
+        shown = "" if default is None else f" (default: {default})"
+        parser.add_argument(
+            *names, dest=f.name, type=str, default=None, help=help_text + shown, metavar=f.name.upper()
+        )
 
 
 def from_namespace(ns: argparse.Namespace, environ: dict[str, str] | None = None) -> EngineConfig:

@@ -206,8 +206,9 @@ class Engine:
 
     def warm_speculation(self) -> float:
         """Runs the speculative verify path before the engine serves (engine/sched/speculation.py)."""
-        return warm_speculation(self.runner, self.kv, self.requests, self.config, self.model_config.vocab_size,
-                                self.max_model_len, self.pool.page_size)
+        cfg = self.config
+        return warm_speculation(self.runner, self.kv, self.requests, cfg.num_speculative_tokens, cfg.max_num_seqs,
+                                self.model_config.vocab_size, self.max_model_len, self.pool.page_size)
 
     # --- warm start: pinning, snapshots (stepping thread; see KVCacheManager) --------------
     def pin_prefix(self, token_ids: list[int]) -> int:

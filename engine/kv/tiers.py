@@ -37,7 +37,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from preheat.engine.config import PREFETCH_POLICIES
+from preheat.engine.config import PREFETCH_POLICIES, CacheSettings
 from preheat.engine.kv.checksum import tensor_sha256
 
 log = logging.getLogger(__name__)
@@ -584,8 +584,8 @@ class KVTiers:
         return counts
 
     @classmethod
-    def from_config(cls, cfg: Any, disk_capacity_bytes: int | None = None) -> KVTiers | None:
-        """From EngineConfig fields host_cache_size (GiB), disk_cache_dir, prefetch_policy,
+    def from_config(cls, cfg: CacheSettings, disk_capacity_bytes: int | None = None) -> KVTiers | None:
+        """From the cache section's host_cache_size (GiB), disk_cache_dir, prefetch_policy,
         prefetch_timeout_ms. None when both tiers are off."""
         l3 = DiskPageStore(cfg.disk_cache_dir, disk_capacity_bytes) if cfg.disk_cache_dir else None
         l2 = None

@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import Iterable
 
-from preheat.engine.config import EngineConfig
+from preheat.engine.config import SpeculativeSettings
 from preheat.engine.kv.cache_manager import KVCacheManager
 from preheat.engine.request.builder import RequestBuilder
 from preheat.engine.request.sampling_params import SamplingParams
@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 
 class Speculator:
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: SpeculativeSettings) -> None:
         self.enabled = config.speculative_method is not None
         self.num_speculative_tokens = config.num_speculative_tokens
         self.drafter = NgramDrafter(config.prompt_lookup_min, config.prompt_lookup_max)
@@ -60,8 +60,8 @@ class Speculator:
 
 
 def warm_speculation(
-    runner: ModelRunner, kv: KVCacheManager, requests: RequestBuilder, config: EngineConfig,
-    vocab_size: int, max_model_len: int, page_size: int,
+    runner: ModelRunner, kv: KVCacheManager, requests: RequestBuilder, num_speculative_tokens: int,
+    max_num_seqs: int, vocab_size: int, max_model_len: int, page_size: int,
 ) -> float:
     """Runs the speculative path at batch sizes 1, 2 and 4 (up to --max-num-seqs) before
     the engine serves: a short prefill, then a verify step with a full draft through the
@@ -72,12 +72,12 @@ def warm_speculation(
     size here is a real forward pass of start-up time. Uses pages of its own and leaves
     the radix cache and the counters alone. Returns the seconds it took."""
     started = time.monotonic()
-    k = config.num_speculative_tokens
+    k = num_speculative_tokens
     prompt = [(11 + 7 * i) % vocab_size for i in range(max(8, k + 1))]  # short: the verify step is what counts
     if len(prompt) + k + 1 > max_model_len:
         return 0.0
     for bs in (1, 2, 4):
-        if bs > config.max_num_seqs:
+        if bs > max_num_seqs:
             break
         seqs: list[Sequence] = []
         try:
