@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from preheat.operator.autoscale import ENGINE_METRICS
 from preheat.operator.quantity import parse_quantity
+from preheat.operator.scale_decide import ENGINE_METRICS
 
 METRIC_TYPES = ("Engine", "Pods", "External", "Resource")
 
