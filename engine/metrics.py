@@ -110,6 +110,12 @@ class Metrics:
             "twice what the same memory holds in the model dtype.",
             registry=r,
         )
+        self.kv_bytes_per_token = Gauge(
+            "preheat_kv_cache_bytes_per_token",
+            "Bytes of K and V one token takes in a snapshot, all layers (fp8 KV: half): the "
+            "operator sizes spec.snapshot.size with it.",
+            registry=r,
+        )
         # The same three gauges under vLLM's names, which the Gateway API Inference
         # Extension's endpoint picker and common KEDA / prometheus-adapter recipes read.
         # vllm:kv_cache_usage_perc is a fraction (1 = full), as vLLM's is.
@@ -165,6 +171,17 @@ class Metrics:
         )
         self.snapshot_saved_tokens = Gauge(
             "preheat_snapshot_saved_tokens", "Tokens of KV in the last snapshot written.", registry=r
+        )
+        self.snapshot_max_tokens = Gauge(
+            "preheat_snapshot_max_tokens",
+            "--snapshot-max-tokens: the most tokens of KV one snapshot holds (0 without --snapshot-dir).",
+            registry=r,
+        )
+        self.weight_cache_bytes = Gauge(
+            "preheat_model_weight_cache_bytes",
+            "Bytes of the converted weights this engine loaded from its weight cache "
+            "(--weight-cache-dir); 0 when it reads the model in place.",
+            registry=r,
         )
         self.snapshot_rejected = Counter(
             "preheat_snapshot_rejected",
