@@ -13,6 +13,10 @@ Conditions (each with the generation it describes, `observedGeneration`):
   (reason RolloutComplete); False with reason ProgressDeadlineExceeded once nothing has
   moved for `rollout.progressDeadlineSeconds` (the rollout is not stopped, only reported);
 - FailoverBackoff: True while repeated failovers are being held back (decide.failover_delay);
+- SnapshotStorageSufficient: `snapshot.size` holds what the engines keep on it (KV bytes per
+  token x max tokens x (keep + 2), plus the converted weights on a shared claim:
+  snapshot_storage.py); Unknown until an engine of the current template has published
+  its bytes per token;
 - ModelUnavailable: True while pods of the current template cannot start because the engine
   could not get the model (it does not exist, or the credentials were refused); the message
   is the engine's, from the pod's termination message. The kubelet's restart back-off and
@@ -29,6 +33,7 @@ from typing import Any
 from preheat.operator.decide import FailoverHistory, failing_since
 from preheat.operator.pods import PodView, parse_time
 from preheat.operator.resources import ROLE_SERVING, ROLE_WARM
+from preheat.operator.snapshot_storage import EngineFacts, StorageCheck, Verdict, check
 
 
 @dataclass(frozen=True)
@@ -47,6 +52,14 @@ class Observation:
     history: FailoverHistory = FailoverHistory()
     backoff_until: float | None = None
     failing: tuple[str, ...] = ()  # serving pods failing, no replacement promoted yet
+    snapshot_size: str = "10Gi"  # spec.snapshot.size
+    snapshot_cache_weights: bool = True  # spec.snapshot.cacheWeights
+    engine_facts: EngineFacts | None = None  # what an engine of this template published
+
+    def storage_check(self) -> StorageCheck:
+        return StorageCheck(enabled=self.snapshot_enabled, shared=self.snapshot_shared,
+                            size=self.snapshot_size, cache_weights=self.snapshot_cache_weights,
+                            facts=self.engine_facts)
 
 
 def _rfc3339(t: float) -> str:
@@ -201,17 +214,31 @@ def _phase(obs: Observation, n: _Counts) -> str:
     return "Progressing"
 
 
+def _storage_status(obs: Observation, verdict: Verdict,
+                    previous: Mapping[str, Any]) -> dict[str, Any]:
+    """status.snapshotStorage: the facts the check used, for this template (reconcile reads
+    them back instead of asking the pods again), and its numbers; None removes an entry
+    that no longer applies."""
+    if obs.engine_facts is not None and obs.snapshot_enabled:
+        return {"snapshotStorage": {**obs.engine_facts.as_status(obs.template_hash),
+                                    "neededBytes": verdict.needed_bytes,
+                                    "sizeBytes": verdict.size_bytes}}
+    return {"snapshotStorage": None} if previous.get("snapshotStorage") else {}
+
+
 def compute(obs: Observation, selector: str, previous: Mapping[str, Any] | None,
             now: str) -> dict[str, Any]:
     previous = previous or {}
     before = {c.get("type"): c for c in previous.get("conditions") or []}
     n = _count(obs)
+    storage = check(obs.storage_check())
     conds = [
         _ready_condition(obs, n),
         _cond("WarmPoolReady", n.warm_ready >= obs.warm_pool,
               "PoolFull" if n.warm_ready >= obs.warm_pool else "PoolWarming",
               f"{n.warm_ready}/{obs.warm_pool} warm pods ready"),
         _snapshot_condition(obs),
+        storage.condition(),
         _degraded_condition(obs),
         _progressing_condition(obs, n, previous, before, now),
         _failover_condition(obs),
@@ -225,6 +252,7 @@ def compute(obs: Observation, selector: str, previous: Mapping[str, Any] | None,
         **_signature(obs, n),
         "conditions": conds,
     }
+    status.update(_storage_status(obs, storage, previous))
     if obs.history.last is not None:
         status["failover"] = {"count": obs.history.count, "lastTime": _rfc3339(obs.history.last)}
     if obs.generation is not None:

@@ -8,7 +8,7 @@ import json
 from types import SimpleNamespace
 
 from preheat.engine.config import EngineConfig
-from preheat.engine.kv.snapshot import model_fingerprint
+from preheat.engine.kv.snapshot import DEFAULT_KEEP, model_fingerprint
 from preheat.engine.metrics import Metrics
 from preheat.engine.warm.warm_start import WarmStart, build_warm_start
 
@@ -58,3 +58,7 @@ def test_snapshot_max_tokens_is_published_only_with_a_snapshot_dir(tmp_path):
     build_warm_start(EngineConfig(snapshot_max_tokens=4096), metrics)
     assert metrics.registry.get_sample_value("preheat_snapshot_max_tokens") == 0
 
+def test_the_operator_keeps_as_many_snapshots_as_the_engine_prunes_to():
+    from preheat.operator.snapshot_storage import KEEP
+
+    assert KEEP == DEFAULT_KEEP
