@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from preheat.operator import model_progress, peer_secret, render, render_router
+from preheat.operator import engine_facts, model_progress, peer_secret, render, render_router
 from preheat.operator.decide import (
     Action,
     CreatePod,
@@ -54,6 +54,8 @@ from preheat.operator.resources import (
     WARM_CONDITION,
 )
 from preheat.operator.router_children import RouterState, reconcile_router
+from preheat.operator.snapshot_storage import CONDITION as SNAPSHOT_STORAGE
+from preheat.operator.snapshot_storage import EngineFacts
 from preheat.operator.spec import ServiceSpec, SpecError, parse_spec
 from preheat.operator.status import Observation, compute
 
@@ -474,7 +476,7 @@ def _problems(p: _Pass) -> list[tuple[str, str]]:
     return p.blocking + [(c.reason, c.message) for c in p.conflicts]
 
 
-def _observation(p: _Pass) -> Observation:
+def _observation(p: _Pass, facts: EngineFacts | None = None) -> Observation:
     spec, planned = p.spec, p.planned
     problems = _problems(p)
     degraded = (problems[0][0], "; ".join(m for _, m in problems)) if problems else None
@@ -490,7 +492,26 @@ def _observation(p: _Pass) -> Observation:
         history=planned.history if planned else _history(p.previous),
         backoff_until=planned.backoff_until if planned else None,
         failing=planned.failing if planned else (),
+        snapshot_size=spec.snapshot.size if spec else "0",
+        snapshot_cache_weights=bool(spec and spec.snapshot.cache_weights),
+        engine_facts=facts,
     )
+
+
+async def _engine_facts(p: _Pass) -> EngineFacts | None:
+    """What an engine of the current template published for the snapshot storage check:
+    from status.snapshotStorage when it is this template's, else asked of its pods (only
+    with snapshots on: no HTTP otherwise)."""
+    if p.spec is None or not p.spec.snapshot.enabled:
+        return None
+    known = EngineFacts.from_status(p.previous.get("snapshotStorage"), p.template_hash)
+    if known is not None:
+        return known
+    engines = [pod for pod in p.raw_pods if _role(pod) != ROLE_ROUTER]
+    if not engine_facts.candidates(engines, p.template_hash):
+        return None
+    async with httpx.AsyncClient() as client:
+        return await engine_facts.read(client, engines, p.template_hash)
 
 
 async def _model_status(p: _Pass, status: dict[str, Any]) -> float | None:
@@ -526,8 +547,8 @@ def _router_and_autoscaling_status(p: _Pass, status: dict[str, Any]) -> None:
 async def _report(p: _Pass) -> Outcome:
     """The status (written only when it changed), the Events of what turned bad, and when
     to look again."""
-    obs = _observation(p)
     previous = p.previous
+    obs = _observation(p, await _engine_facts(p))
     status = compute(obs, render.selector_string(p.name), previous, _now())
     progress_recheck = await _model_status(p, status)
     _router_and_autoscaling_status(p, status)
@@ -562,6 +583,7 @@ def _report_transitions(body: Mapping[str, Any], previous: Mapping[str, Any],
     """A Warning Event when a condition turns bad (once, not on every pass)."""
     for ctype, bad_reason in (("Progressing", "ProgressDeadlineExceeded"),
                               ("SnapshotVolumeBound", "ClaimPending"),
+                              (SNAPSHOT_STORAGE, "SnapshotStorageTooSmall"),
                               ("ModelUnavailable", "ModelNotFoundOrRefused")):
         new, old = _condition(status, ctype), _condition(previous, ctype)
         if new.get("reason") == bad_reason and old.get("reason") != bad_reason:
