@@ -145,6 +145,8 @@ async def apply(d: Driver, service: str, *, warm_pool: int = 1, t: Timings,
     st = await eventually(settled, START_TIMEOUT_S, interval=0.2)
     t["initial_ready_s"] = time.monotonic() - start
     conds = {c["type"]: (c["status"], c["reason"]) for c in st["conditions"]}
+    # Checked below, once the operator has read an engine's bytes per token.
+    conds.pop("SnapshotStorageSufficient", None)
     assert conds == {"Ready": ("True", "AllReplicasReady"), "WarmPoolReady": ("True", "PoolFull"),
                      # Pod-local snapshots by default: nothing to bind, works on any storage.
                      "SnapshotVolumeBound": ("True", "PodLocal"),
@@ -153,6 +155,15 @@ async def apply(d: Driver, service: str, *, warm_pool: int = 1, t: Timings,
                      "FailoverBackoff": ("False", "NoBackoff"),
                      "ModelUnavailable": ("False", "ModelAvailable")}, conds
     assert {c["observedGeneration"] for c in st["conditions"]} == {1}
+
+    async def snapshot_storage_checked():
+        # 1Gi holds the default model's snapshots: 23040 bytes per token (bfloat16) x the
+        # 4096-token pool x 5.
+        st = await status_of(d, service)
+        c = next((c for c in st["conditions"] if c["type"] == "SnapshotStorageSufficient"), {})
+        assert (c.get("status"), c.get("reason")) == ("True", "Sufficient"), c
+        return st
+    await eventually(snapshot_storage_checked, 30, interval=0.2)
     # The children a user sees: the Service selects the routers (spec.router defaults), the
     # headless <service>-engines the serving pods, the engines' budget stays role=serving.
     serving = {"preheat.dev/service": service, "preheat.dev/role": "serving"}

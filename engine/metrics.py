@@ -98,6 +98,11 @@ METRICS: tuple[MetricDef, ...] = (
         "kv_capacity_tokens", Gauge, "preheat_kv_cache_capacity_tokens",
         "Size of the KV pool in tokens (pages x page size): with --kv-cache-dtype fp8 about twice what the same memory holds in the model dtype.",
     ),
+    MetricDef(
+        "kv_bytes_per_token", Gauge, "preheat_kv_cache_bytes_per_token",
+        "Bytes of K and V one token takes in a snapshot, all layers (fp8 KV: half): the "
+        "operator sizes spec.snapshot.size with it.",
+    ),
     # The same three gauges under vLLM's names, which the Gateway API Inference
     # Extension's endpoint picker and common KEDA / prometheus-adapter recipes read.
     # vllm:kv_cache_usage_perc is a fraction (1 = full), as vLLM's is.
@@ -147,6 +152,15 @@ METRICS: tuple[MetricDef, ...] = (
     MetricDef(
         "snapshot_saved_tokens", Gauge, "preheat_snapshot_saved_tokens",
         "Tokens of KV in the last snapshot written.",
+    ),
+    MetricDef(
+        "snapshot_max_tokens", Gauge, "preheat_snapshot_max_tokens",
+        "--snapshot-max-tokens: the most tokens of KV one snapshot holds (0 without --snapshot-dir).",
+    ),
+    MetricDef(
+        "weight_cache_bytes", Gauge, "preheat_model_weight_cache_bytes",
+        "Bytes of the converted weights this engine loaded from its weight cache "
+        "(--weight-cache-dir); 0 when it reads the model in place.",
     ),
     MetricDef(
         "snapshot_rejected", Counter, "preheat_snapshot_rejected",
@@ -207,6 +221,7 @@ class Metrics:
     num_waiting: Gauge
     kv_usage: Gauge
     kv_capacity_tokens: Gauge
+    kv_bytes_per_token: Gauge
     vllm_num_running: Gauge
     vllm_num_waiting: Gauge
     vllm_kv_usage: Gauge
@@ -221,6 +236,8 @@ class Metrics:
     snapshot_restored_tokens: Gauge
     snapshot_restore_seconds: Gauge
     snapshot_saved_tokens: Gauge
+    snapshot_max_tokens: Gauge
+    weight_cache_bytes: Gauge
     snapshot_rejected: Counter
     snapshot_peer_fetches: Counter
     snapshot_peer_fetch_seconds: Gauge

@@ -20,11 +20,11 @@ from typing import Any
 import httpx
 import kopf
 
-from preheat.operator.autoscaler import AutoscalerMemory, autoscale
 from preheat.operator.config import OperatorConfig
 from preheat.operator.kube import ApiError, Kube
 from preheat.operator.reconcile import reconcile
 from preheat.operator.resources import GROUP, LABEL_SERVICE, PLURAL, VERSION
+from preheat.operator.scale_reconcile import AutoscalerMemory, autoscale
 
 
 @dataclass

@@ -12,12 +12,12 @@ import logging
 import secrets
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
-from preheat.operator import model_progress, peer_secret, render, render_router
+from preheat.operator import engine_facts, model_progress, peer_secret, render, render_router
 from preheat.operator.decide import (
     Action,
     CreatePod,
@@ -34,7 +34,7 @@ from preheat.operator.kube import STRATEGIC, ApiError, Kube
 from preheat.operator.network_policy import PolicySettings, network_policies, policy_names
 from preheat.operator.ownership import Conflict, Ownership, conflict, ownership
 from preheat.operator.pod_config import config_problems
-from preheat.operator.pods import parse_time, view
+from preheat.operator.pods import PodView, parse_time, view
 from preheat.operator.quantity import parse_quantity
 from preheat.operator.resources import (
     CONFIGMAPS,
@@ -54,6 +54,8 @@ from preheat.operator.resources import (
     WARM_CONDITION,
 )
 from preheat.operator.router_children import RouterState, reconcile_router
+from preheat.operator.snapshot_storage import CONDITION as SNAPSHOT_STORAGE
+from preheat.operator.snapshot_storage import EngineFacts
 from preheat.operator.spec import ServiceSpec, SpecError, parse_spec
 from preheat.operator.status import Observation, compute
 
@@ -298,6 +300,65 @@ def _report_failovers(body: Mapping[str, Any], p: Plan, target: Target,
                f"{_rfc3339(p.backoff_until)}")
 
 
+@dataclass(frozen=True)
+class ChildSettings:
+    """How the children that are not pods are rendered (the operator's flags)."""
+    network: PolicySettings | None = None  # None: no NetworkPolicies (tests that ignore them)
+    router_image: str | None = None  # None: the engine image, which ships the same `preheat`
+    router_service_account: str = render_router.ROUTER_SERVICE_ACCOUNT
+
+
+@dataclass
+class _Pass:
+    """One pass over one InferenceService: what was observed, then what acting changed.
+    `blocking` stops new pods (a bad spec, a missing ConfigMap or Secret); `conflicts` are
+    children whose names are taken (a foreign claim also blocks). Both end up in the
+    Degraded condition."""
+    kube: Kube
+    body: Mapping[str, Any]
+    events: EventSink
+    logger: logging.Logger | logging.LoggerAdapter
+    children: ChildSettings
+    spec: ServiceSpec | None
+    blocking: list[tuple[str, str]]
+    raw_pods: list[dict[str, Any]]
+    pods: tuple[PodView, ...] = ()
+    routers: list[dict[str, Any]] = field(default_factory=list)
+    conflicts: list[Conflict] = field(default_factory=list)
+    claim: ClaimState = ClaimState(None)
+    router_state: RouterState | None = None
+    template_hash: str = ""
+    planned: Plan | None = None
+    target: Target | None = None
+
+    @property
+    def name(self) -> str:
+        return self.body["metadata"]["name"]
+
+    @property
+    def namespace(self) -> str:
+        return self.body["metadata"]["namespace"]
+
+    @property
+    def uid(self) -> str:
+        return self.body["metadata"]["uid"]
+
+    @property
+    def previous(self) -> Mapping[str, Any]:
+        return self.body.get("status") or {}
+
+    @property
+    def raw_spec(self) -> Mapping[str, Any]:
+        return self.body.get("spec") or {}
+
+    def take_pods(self, raw: list[dict[str, Any]]) -> None:
+        """This service's pods: router pods are not engines, so the warm-pool, failover and
+        status decisions never see them (router_children.py keeps them)."""
+        ours = [p for p in raw if _owned(p, self.uid)]
+        self.routers = [p for p in ours if _role(p) == ROLE_ROUTER]
+        self.pods = tuple(view(p) for p in ours if _role(p) != ROLE_ROUTER)
+
+
 async def reconcile(kube: Kube, namespace: str, name: str, events: EventSink,
                     logger: logging.Logger | logging.LoggerAdapter = log,
                     network: PolicySettings | None = None,
@@ -307,130 +368,173 @@ async def reconcile(kube: Kube, namespace: str, name: str, events: EventSink,
     """Reconcile once; returns the status written and when to look again (None if the
     resource is gone). `network`: how to render the service's NetworkPolicies (None: the
     operator renders none, e.g. in tests that do not look at them). router_image: the
-    router pods' image (default the engine image, which ships the same `preheat`)."""
+    router pods' image (default the engine image, which ships the same `preheat`).
+
+    Observe (the resource, its spec, its pods) → decide (decide.plan, pure) → act (the
+    plan, the children) → report (status.compute, pure; then the status and Events)."""
+    p = await _observe(kube, namespace, name, events, logger,
+                       ChildSettings(network, router_image, router_service_account))
+    if p is None:
+        return None  # owner references cascade the children away
+    if p.spec is not None:
+        await _prepare(p, p.spec)
+        p.planned = _decide(p, p.spec)
+        await _act(p, p.spec)
+    return await _report(p)
+
+
+async def _observe(kube: Kube, namespace: str, name: str, events: EventSink,
+                   logger: logging.Logger | logging.LoggerAdapter,
+                   children: ChildSettings) -> _Pass | None:
     body = await kube.get(INFERENCE_SERVICES, namespace, name)
     if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
-        return None  # owner references cascade the children away
-    meta = body["metadata"]
-    uid = meta["uid"]
-    previous = body.get("status") or {}
-    # What stops new pods (a bad spec, a missing ConfigMap or Secret, a foreign claim) and
-    # what is only reported (a foreign Service, HPA or budget): the Degraded condition
-    # names them all.
-    blocking: list[tuple[str, str]] = []
-    conflicts: list[Conflict] = []
+        return None
     spec: ServiceSpec | None = None
+    blocking: list[tuple[str, str]] = []
     try:
         spec = parse_spec(body.get("spec") or {})
     except SpecError as e:
         blocking.append((e.reason, e.message))
-
-    routers: list[dict[str, Any]] = []
-
-    def owned_pods(raw: list[dict[str, Any]]):
-        # Router pods are not engines: the warm-pool, failover and status decisions never
-        # see them (router_children.py keeps them).
-        routers[:] = [p for p in raw if _owned(p, uid) and _role(p) == ROLE_ROUTER]
-        return tuple(view(p) for p in raw if _owned(p, uid) and _role(p) != ROLE_ROUTER)
-
+    uid = body["metadata"]["uid"]
     raw_pods = [p for p in await kube.list(PODS, namespace, {LABEL_SERVICE: name}) if _owned(p, uid)]
-    pods = owned_pods(raw_pods)
-    router_state: RouterState | None = None
-    snapshot_phase = None
-    template_hash = ""
-    history = _history(previous)
-    planned: Plan | None = None
-    now = time.time()
+    p = _Pass(kube, body, events, logger, children, spec, blocking, raw_pods)
+    p.take_pods(raw_pods)
     if spec is not None:
-        template_hash = render.template_hash(render.pod_spec(name, spec))
+        p.template_hash = render.template_hash(render.pod_spec(name, spec))
+    return p
 
-        async def ensure_children() -> None:
-            nonlocal router_state
-            if spec.needs_peer_secret and claim.conflict is None:
-                await _ensure_peer_secret(kube, name, namespace, uid, claim.claim)
-            router_state, found_router = await reconcile_router(
-                kube, body, spec, routers, router_image or spec.engine.image, events,
-                allow_create=not blocking, service_account=router_service_account)
-            selector = render_router.client_selector(name, spec, router_state.ready > 0)
-            found = [*found_router, await _ensure_service(kube, name, namespace, uid, selector),
-                     await _ensure_autoscaler(kube, name, namespace, uid, spec),
-                     await _ensure_disruption_budget(kube, name, namespace, uid, spec)]
-            conflicts.extend(c for c in found if c is not None)
-            conflicts.extend(await _ensure_network_policies(
-                kube, name, namespace, uid, body.get("spec") or {}, network))
 
-        # The claim comes first, always: a pod made this pass must not mount a foreign one.
-        claim = await _ensure_snapshot_claim(kube, name, namespace, uid, spec)
-        snapshot_phase = claim.phase
-        if claim.conflict is not None:
-            conflicts.append(claim.conflict)
-        cache_claim = render.model_cache_claim(name, namespace, uid, spec)
-        if cache_claim is not None:
-            cached = await _ensure_claim(kube, name, namespace, uid, cache_claim)
-            if cached.conflict is not None:
-                conflicts.append(cached.conflict)
-        # The first pods need the Service (their peer URL) and the peer secret (a volume);
-        # once pods exist, acting on them comes first: a failover must not wait for other
-        # API calls.
-        if not pods:
-            await ensure_children()
-        if spec.warmup_templates and \
-                await kube.get(CONFIGMAPS, namespace, spec.warmup_templates) is None:
-            blocking.append(("WarmupTemplatesNotFound", f"ConfigMap {spec.warmup_templates!r} "
-                             "not found; no new pods until it exists"))
-        # A Secret the pods need and cannot have (API key, model credentials, env): the
-        # kubelet says so in their status; the operator never reads Secrets itself.
-        blocking.extend(config_problems(raw_pods, body.get("spec") or {}))
-        target = Target(spec.replicas, spec.warm_pool_size, template_hash,
-                        allow_create=not blocking and not any(c.blocks_pods for c in conflicts),
-                        max_surge=spec.rollout.surge(spec.replicas),
-                        max_unavailable=spec.rollout.unavailable(spec.replicas),
-                        unready_seconds=spec.failover.unready_seconds,
-                        drain_seconds=spec.readiness.endpoint_delay_seconds)
-        planned = plan(target, list(pods), now, history)
-        history = planned.history
-        for action in planned.actions:
-            logger.info(f"{action}")
-            try:
-                await _apply(kube, body, spec, action, events)
-            except ApiError as e:
-                # A conflict or a vanished pod: the next pass sees the new world and retries.
-                logger.warning(f"{action} failed: {e}")
-        _report_failovers(body, planned, target, previous, events)
-        if pods:
-            await ensure_children()
-        if planned.actions:
-            pods = owned_pods(await kube.list(PODS, namespace, {LABEL_SERVICE: name}))
+async def _prepare(p: _Pass, spec: ServiceSpec) -> None:
+    """What must exist or be known before pods are planned: the claims (first, always: a
+    pod made this pass must not mount a foreign one), the first pods' children (their peer
+    URL and peer-secret volume), and the inputs whose absence stops new pods."""
+    p.claim = await _ensure_snapshot_claim(p.kube, p.name, p.namespace, p.uid, spec)
+    if p.claim.conflict is not None:
+        p.conflicts.append(p.claim.conflict)
+    cache_claim = render.model_cache_claim(p.name, p.namespace, p.uid, spec)
+    if cache_claim is not None:
+        cached = await _ensure_claim(p.kube, p.name, p.namespace, p.uid, cache_claim)
+        if cached.conflict is not None:
+            p.conflicts.append(cached.conflict)
+    # Once pods exist, acting on them comes first (_act): a failover must not wait for
+    # other API calls.
+    if not p.pods:
+        await _ensure_children(p, spec)
+    if spec.warmup_templates and \
+            await p.kube.get(CONFIGMAPS, p.namespace, spec.warmup_templates) is None:
+        p.blocking.append(("WarmupTemplatesNotFound", f"ConfigMap {spec.warmup_templates!r} "
+                           "not found; no new pods until it exists"))
+    # A Secret the pods need and cannot have (API key, model credentials, env): the
+    # kubelet says so in their status; the operator never reads Secrets itself.
+    p.blocking.extend(config_problems(p.raw_pods, p.raw_spec))
 
-    problems = blocking + [(c.reason, c.message) for c in conflicts]
+
+def _decide(p: _Pass, spec: ServiceSpec) -> Plan:
+    p.target = Target(spec.replicas, spec.warm_pool_size, p.template_hash,
+                      allow_create=not p.blocking and not any(c.blocks_pods for c in p.conflicts),
+                      max_surge=spec.rollout.surge(spec.replicas),
+                      max_unavailable=spec.rollout.unavailable(spec.replicas),
+                      unready_seconds=spec.failover.unready_seconds,
+                      drain_seconds=spec.readiness.endpoint_delay_seconds)
+    return plan(p.target, list(p.pods), time.time(), _history(p.previous))
+
+
+async def _act(p: _Pass, spec: ServiceSpec) -> None:
+    assert p.planned is not None and p.target is not None
+    for action in p.planned.actions:
+        p.logger.info(f"{action}")
+        try:
+            await _apply(p.kube, p.body, spec, action, p.events)
+        except ApiError as e:
+            # A conflict or a vanished pod: the next pass sees the new world and retries.
+            p.logger.warning(f"{action} failed: {e}")
+    _report_failovers(p.body, p.planned, p.target, p.previous, p.events)
+    if p.pods:
+        await _ensure_children(p, spec)
+    if p.planned.actions:
+        p.take_pods(await p.kube.list(PODS, p.namespace, {LABEL_SERVICE: p.name}))
+
+
+async def _ensure_children(p: _Pass, spec: ServiceSpec) -> None:
+    """The peer secret, the routers, the Service, the HPA, the budget, the NetworkPolicies."""
+    kube, name, ns, uid = p.kube, p.name, p.namespace, p.uid
+    if spec.needs_peer_secret and p.claim.conflict is None:
+        await _ensure_peer_secret(kube, name, ns, uid, p.claim.claim)
+    p.router_state, found_router = await reconcile_router(
+        kube, p.body, spec, p.routers, p.children.router_image or spec.engine.image, p.events,
+        allow_create=not p.blocking, service_account=p.children.router_service_account)
+    selector = render_router.client_selector(name, spec, p.router_state.ready > 0)
+    found = [*found_router, await _ensure_service(kube, name, ns, uid, selector),
+             await _ensure_autoscaler(kube, name, ns, uid, spec),
+             await _ensure_disruption_budget(kube, name, ns, uid, spec)]
+    p.conflicts.extend(c for c in found if c is not None)
+    p.conflicts.extend(await _ensure_network_policies(kube, name, ns, uid, p.raw_spec,
+                                                      p.children.network))
+
+
+def _problems(p: _Pass) -> list[tuple[str, str]]:
+    return p.blocking + [(c.reason, c.message) for c in p.conflicts]
+
+
+def _observation(p: _Pass, facts: EngineFacts | None = None) -> Observation:
+    spec, planned = p.spec, p.planned
+    problems = _problems(p)
     degraded = (problems[0][0], "; ".join(m for _, m in problems)) if problems else None
-    obs = Observation(
-        replicas=spec.replicas if spec else int((body.get("spec") or {}).get("replicas") or 0),
+    return Observation(
+        replicas=spec.replicas if spec else int(p.raw_spec.get("replicas") or 0),
         warm_pool=spec.warm_pool_size if spec else 0,
-        template_hash=template_hash, pods=pods,
-        snapshot_enabled=bool(spec and spec.snapshot.enabled), snapshot_phase=snapshot_phase,
-        degraded=degraded, generation=meta.get("generation"),
+        template_hash=p.template_hash, pods=p.pods,
+        snapshot_enabled=bool(spec and spec.snapshot.enabled), snapshot_phase=p.claim.phase,
+        degraded=degraded, generation=p.body["metadata"].get("generation"),
         snapshot_shared=bool(spec and spec.snapshot.shared),
         snapshot_access_mode=spec.snapshot.access_mode if spec else "",
         progress_deadline_seconds=spec.rollout.progress_deadline_seconds if spec else 600,
-        history=history,
+        history=planned.history if planned else _history(p.previous),
         backoff_until=planned.backoff_until if planned else None,
         failing=planned.failing if planned else (),
+        snapshot_size=spec.snapshot.size if spec else "0",
+        snapshot_cache_weights=bool(spec and spec.snapshot.cache_weights),
+        engine_facts=facts,
     )
-    status = compute(obs, render.selector_string(name), previous, _now())
-    progress_recheck = None
+
+
+async def _engine_facts(p: _Pass) -> EngineFacts | None:
+    """What an engine of the current template published for the snapshot storage check:
+    from status.snapshotStorage when it is this template's, else asked of its pods (only
+    with snapshots on: no HTTP otherwise)."""
+    if p.spec is None or not p.spec.snapshot.enabled:
+        return None
+    known = EngineFacts.from_status(p.previous.get("snapshotStorage"), p.template_hash)
+    if known is not None:
+        return known
+    engines = [pod for pod in p.raw_pods if _role(pod) != ROLE_ROUTER]
+    if not engine_facts.candidates(engines, p.template_hash):
+        return None
+    async with httpx.AsyncClient() as client:
+        return await engine_facts.read(client, engines, p.template_hash)
+
+
+async def _model_status(p: _Pass, status: dict[str, Any]) -> float | None:
+    """status.model: a hub or S3 model's download progress; returns when to look again
+    while a download runs."""
+    spec, previous = p.spec, p.previous
     if spec is not None and spec.model.remote:
-        raw = [p for p in await kube.list(PODS, namespace, {LABEL_SERVICE: name})
-               if _owned(p, uid) and _role(p) != ROLE_ROUTER]  # engines download, routers do not
+        raw = [pod for pod in await p.kube.list(PODS, p.namespace, {LABEL_SERVICE: p.name})
+               if _owned(pod, p.uid) and _role(pod) != ROLE_ROUTER]  # engines download, routers do not
         async with httpx.AsyncClient() as client:
             status["model"] = {"uri": spec.model.uri, "downloading": await model_progress.downloading(client, raw)}
         if status["model"]["downloading"]:
-            progress_recheck = time.time() + model_progress.RECHECK_S
+            return time.time() + model_progress.RECHECK_S
     elif "model" in previous:
         status["model"] = None
-    if spec is not None and spec.router.enabled and router_state is not None:
-        selects = "router" if router_state.ready > 0 else "serving"
-        status["router"] = router_state.status(spec.router.replicas, selects)
+    return None
+
+
+def _router_and_autoscaling_status(p: _Pass, status: dict[str, Any]) -> None:
+    spec, previous = p.spec, p.previous
+    if spec is not None and spec.router.enabled and p.router_state is not None:
+        selects = "router" if p.router_state.ready > 0 else "serving"
+        status["router"] = p.router_state.status(spec.router.replicas, selects)
     elif spec is not None and "router" in previous and not spec.router.enabled:
         status["router"] = None
     elif "router" in previous:
@@ -438,12 +542,22 @@ async def reconcile(kube: Kube, namespace: str, name: str, events: EventSink,
     engine_mode = bool(spec and spec.autoscaling and spec.autoscaling.engine_mode)
     if "autoscaling" in previous and not engine_mode:
         status["autoscaling"] = None  # the built-in autoscaler's last word no longer applies
+
+
+async def _report(p: _Pass) -> Outcome:
+    """The status (written only when it changed), the Events of what turned bad, and when
+    to look again."""
+    previous = p.previous
+    obs = _observation(p, await _engine_facts(p))
+    status = compute(obs, render.selector_string(p.name), previous, _now())
+    progress_recheck = await _model_status(p, status)
+    _router_and_autoscaling_status(p, status)
     if any(previous.get(k) != v for k, v in status.items()):
-        await kube.patch(INFERENCE_SERVICES, namespace, name, {"status": status},
-                         subresource="status")
-        _report_problems(body, previous, problems, events)
-        _report_transitions(body, previous, status, events)
-    recheck = _recheck_at(planned, status, obs)
+        await p.kube.patch(INFERENCE_SERVICES, p.namespace, p.name, {"status": status},
+                           subresource="status")
+        _report_problems(p.body, previous, _problems(p), p.events)
+        _report_transitions(p.body, previous, status, p.events)
+    recheck = _recheck_at(p.planned, status, obs)
     if progress_recheck is not None:
         recheck = progress_recheck if recheck is None else min(recheck, progress_recheck)
     return Outcome(status, recheck)
@@ -469,6 +583,7 @@ def _report_transitions(body: Mapping[str, Any], previous: Mapping[str, Any],
     """A Warning Event when a condition turns bad (once, not on every pass)."""
     for ctype, bad_reason in (("Progressing", "ProgressDeadlineExceeded"),
                               ("SnapshotVolumeBound", "ClaimPending"),
+                              (SNAPSHOT_STORAGE, "SnapshotStorageTooSmall"),
                               ("ModelUnavailable", "ModelNotFoundOrRefused")):
         new, old = _condition(status, ctype), _condition(previous, ctype)
         if new.get("reason") == bad_reason and old.get("reason") != bad_reason:

@@ -38,14 +38,21 @@ def metrics_url(pod: Mapping[str, Any]) -> str | None:
 
 def parse_gauge(text: str, metric: str) -> float | None:
     """The value of an unlabelled gauge in Prometheus text format (None when absent)."""
+    return parse_gauges(text, (metric,))[metric]
+
+
+def parse_gauges(text: str, metrics: tuple[str, ...]) -> dict[str, float | None]:
+    """Several unlabelled gauges from one body, in one parse (None: absent or not finite)."""
+    found: dict[str, float | None] = dict.fromkeys(metrics)
     for family in text_string_to_metric_families(text):
-        if family.name != metric:
+        if family.name not in found:
             continue
         for sample in family.samples:
-            if sample.name == metric and not sample.labels:
+            if sample.name == family.name and not sample.labels:
                 value = float(sample.value)
-                return value if math.isfinite(value) else None
-    return None
+                found[family.name] = value if math.isfinite(value) else None
+                break
+    return found
 
 
 # The most of one pod's /metrics body read: an engine's is ~20 KiB; a pod running another

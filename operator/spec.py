@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from preheat.operator.autoscale import ENGINE_METRICS
 from preheat.operator.quantity import parse_quantity
+from preheat.operator.scale_decide import ENGINE_METRICS
 
 METRIC_TYPES = ("Engine", "Pods", "External", "Resource")
 
@@ -346,28 +346,71 @@ def _secret_key_ref(value: Any, what: str) -> SecretKeyRef | None:
     return SecretKeyRef(name, key)
 
 
-def parse_spec(spec: Mapping[str, Any]) -> ServiceSpec:
-    model = spec.get("model") or {}
+def _parse_model(model: Mapping[str, Any]) -> ModelSource:
+    """spec.model: one of path, pvc or uri (none: the engine's embedded default model)."""
     chosen = [k for k in ("path", "pvc", "uri") if model.get(k)]
-    if len(chosen) > 1:  # none: the engine's embedded default model
+    if len(chosen) > 1:
         raise SpecError("InvalidModelSource", "model: set at most one of path, pvc or uri")
     pvc = model.get("pvc") or {}
     uri, uri_claim, uri_path = _model_uri(model.get("uri"))
     credentials = model.get("credentialsSecretRef") or {}
-    engine = spec.get("engine") or {}
+    return ModelSource(
+        path=model.get("path") or pvc.get("path") or uri_path,
+        pvc=pvc.get("claimName") or uri_claim,
+        uri=uri,
+        served_name=model.get("servedName"),
+        credentials_secret=credentials.get("name") or None,
+        cache=_model_cache(model.get("cache") or {}),
+    )
+
+
+def _parse_engine(engine: Mapping[str, Any]) -> EngineSpec:
+    """spec.engine: the engine container and the pod settings around it."""
     if not engine.get("image"):
         raise SpecError("InvalidSpec", "engine.image is required")
-    snap = spec.get("snapshot") or {}
-    ready = spec.get("readiness") or {}
-    auto = spec.get("autoscaling")
-    autoscaling = None
-    if auto:
-        autoscaling = _parse_autoscaling(auto)
-    templates = spec.get("warmupTemplates") or {}
+    spread = engine.get("topologySpreadConstraints")
+    return EngineSpec(
+        image=engine["image"],
+        image_pull_policy=engine.get("imagePullPolicy"),
+        args=tuple(engine.get("args") or ()),
+        env=tuple(engine.get("env") or ()),
+        resources=dict(engine.get("resources") or {}),
+        node_selector=dict(engine.get("nodeSelector") or {}),
+        tolerations=tuple(engine.get("tolerations") or ()),
+        tensor_parallel_size=_tensor_parallel_size(engine),
+        image_pull_secrets=tuple(s["name"] for s in engine.get("imagePullSecrets") or ()
+                                 if s.get("name")),
+        service_account_name=engine.get("serviceAccountName") or None,
+        automount_service_account_token=bool(engine.get("automountServiceAccountToken", False)),
+        affinity=dict(engine.get("affinity") or {}),
+        topology_spread_constraints=None if spread is None else tuple(spread),
+        priority_class_name=engine.get("priorityClassName") or None,
+        runtime_class_name=engine.get("runtimeClassName") or None,
+        api_key_secret=_secret_key_ref(engine.get("apiKeySecretRef"), "engine.apiKeySecretRef"),
+    )
+
+
+def _parse_snapshot(snap: Mapping[str, Any]) -> SnapshotSpec:
+    """spec.snapshot: where the hot-prefix snapshots live and how often they are written."""
     storage = snap.get("storage", STORAGE_POD_LOCAL)
     if storage not in (STORAGE_POD_LOCAL, STORAGE_SHARED):
         raise SpecError("InvalidSpec", f"snapshot.storage must be {STORAGE_POD_LOCAL} or "
                         f"{STORAGE_SHARED}, got {storage!r}")
+    return SnapshotSpec(
+        enabled=bool(snap.get("enabled", True)),
+        storage=storage,
+        peer_fetch=bool(snap.get("peerFetch", True)),
+        storage_class=snap.get("storageClassName"),
+        size=str(snap.get("size", "10Gi")),
+        access_mode=snap.get("accessMode", "ReadWriteMany"),
+        interval_seconds=_nonneg(snap.get("intervalSeconds", 300), "snapshot.intervalSeconds"),
+        cache_weights=bool(snap.get("cacheWeights", True)),
+        retain_on_delete=bool(snap.get("retainOnDelete", False)),
+    )
+
+
+def _parse_readiness(ready: Mapping[str, Any]) -> ReadinessSpec:
+    """spec.readiness: probes and the leaving pod's grace period."""
     grace = _nonneg(ready.get("terminationGracePeriodSeconds", 60),
                     "readiness.terminationGracePeriodSeconds")
     endpoint_delay = _nonneg(ready.get("endpointDelaySeconds", 5), "readiness.endpointDelaySeconds")
@@ -375,86 +418,73 @@ def parse_spec(spec: Mapping[str, Any]) -> ServiceSpec:
         raise SpecError("InvalidSpec", "readiness.endpointDelaySeconds must be below "
                         "terminationGracePeriodSeconds (the grace period also covers the "
                         "drain and the snapshot)")
-    failover = spec.get("failover") or {}
-    roll = spec.get("rollout") or {}
-    rollout = RolloutSpec(
+    return ReadinessSpec(
+        startup_timeout_seconds=ready.get("startupTimeoutSeconds", 1800),
+        period_seconds=ready.get("periodSeconds", 5),
+        failure_threshold=ready.get("failureThreshold", 3),
+        termination_grace_period_seconds=grace,
+        endpoint_delay_seconds=endpoint_delay,
+    )
+
+
+def _parse_failover(failover: Mapping[str, Any]) -> FailoverSpec:
+    return FailoverSpec(
+        unready_seconds=_nonneg(failover.get("unreadySeconds", 5), "failover.unreadySeconds"))
+
+
+def _parse_rollout(roll: Mapping[str, Any]) -> RolloutSpec:
+    return RolloutSpec(
         max_surge=_int_or_percent(roll.get("maxSurge", "25%"), "rollout.maxSurge"),
         max_unavailable=_int_or_percent(roll.get("maxUnavailable", 0), "rollout.maxUnavailable"),
         progress_deadline_seconds=_nonneg(roll.get("progressDeadlineSeconds", 600),
                                           "rollout.progressDeadlineSeconds"),
     )
-    pdb = spec.get("disruptionBudget") or {}
-    router = spec.get("router") or {}
-    router_replicas = _nonneg(router.get("replicas", 2), "router.replicas")
-    if router_replicas < 1:
+
+
+def _parse_disruption_budget(pdb: Mapping[str, Any]) -> DisruptionBudgetSpec:
+    return DisruptionBudgetSpec(
+        enabled=bool(pdb.get("enabled", True)),
+        max_unavailable=_int_or_percent(pdb.get("maxUnavailable", 1),
+                                        "disruptionBudget.maxUnavailable"))
+
+
+def _parse_router(router: Mapping[str, Any]) -> RouterSpec:
+    replicas = _nonneg(router.get("replicas", 2), "router.replicas")
+    if replicas < 1:
         raise SpecError("InvalidSpec", "router.replicas must be at least 1 (or router.enabled: false)")
-    out = ServiceSpec(
-        model=ModelSource(
-            path=model.get("path") or pvc.get("path") or uri_path,
-            pvc=pvc.get("claimName") or uri_claim,
-            uri=uri,
-            served_name=model.get("servedName"),
-            credentials_secret=credentials.get("name") or None,
-            cache=_model_cache(model.get("cache") or {}),
-        ),
-        engine=EngineSpec(
-            image=engine["image"],
-            image_pull_policy=engine.get("imagePullPolicy"),
-            args=tuple(engine.get("args") or ()),
-            env=tuple(engine.get("env") or ()),
-            resources=dict(engine.get("resources") or {}),
-            node_selector=dict(engine.get("nodeSelector") or {}),
-            tolerations=tuple(engine.get("tolerations") or ()),
-            tensor_parallel_size=_tensor_parallel_size(engine),
-            image_pull_secrets=tuple(s["name"] for s in engine.get("imagePullSecrets") or ()
-                                     if s.get("name")),
-            service_account_name=engine.get("serviceAccountName") or None,
-            automount_service_account_token=bool(engine.get("automountServiceAccountToken", False)),
-            affinity=dict(engine.get("affinity") or {}),
-            topology_spread_constraints=(
-                None if engine.get("topologySpreadConstraints") is None
-                else tuple(engine["topologySpreadConstraints"])),
-            priority_class_name=engine.get("priorityClassName") or None,
-            runtime_class_name=engine.get("runtimeClassName") or None,
-            api_key_secret=_secret_key_ref(engine.get("apiKeySecretRef"),
-                                           "engine.apiKeySecretRef"),
-        ),
-        replicas=_nonneg(spec.get("replicas", 1), "replicas"),
-        warm_pool_size=_nonneg((spec.get("warmPool") or {}).get("size", 0), "warmPool.size"),
-        warmup_templates=templates.get("configMap"),
-        snapshot=SnapshotSpec(
-            enabled=bool(snap.get("enabled", True)),
-            storage=storage,
-            peer_fetch=bool(snap.get("peerFetch", True)),
-            storage_class=snap.get("storageClassName"),
-            size=str(snap.get("size", "10Gi")),
-            access_mode=snap.get("accessMode", "ReadWriteMany"),
-            interval_seconds=_nonneg(snap.get("intervalSeconds", 300), "snapshot.intervalSeconds"),
-            cache_weights=bool(snap.get("cacheWeights", True)),
-            retain_on_delete=bool(snap.get("retainOnDelete", False)),
-        ),
-        autoscaling=autoscaling,
-        readiness=ReadinessSpec(
-            startup_timeout_seconds=ready.get("startupTimeoutSeconds", 1800),
-            period_seconds=ready.get("periodSeconds", 5),
-            failure_threshold=ready.get("failureThreshold", 3),
-            termination_grace_period_seconds=grace,
-            endpoint_delay_seconds=endpoint_delay,
-        ),
-        failover=FailoverSpec(
-            unready_seconds=_nonneg(failover.get("unreadySeconds", 5), "failover.unreadySeconds")),
-        rollout=rollout,
-        disruption_budget=DisruptionBudgetSpec(
-            enabled=bool(pdb.get("enabled", True)),
-            max_unavailable=_int_or_percent(pdb.get("maxUnavailable", 1),
-                                            "disruptionBudget.maxUnavailable")),
-        router=RouterSpec(enabled=bool(router.get("enabled", True)), replicas=router_replicas,
-                          resources=dict(router.get("resources") or {})),
-    )
+    return RouterSpec(enabled=bool(router.get("enabled", True)), replicas=replicas,
+                      resources=dict(router.get("resources") or {}))
+
+
+def _check_rollout_can_progress(out: ServiceSpec) -> None:
+    """A Deployment refuses this too: with no surge, no unavailability and no warm pod to
+    make room with, a rollout could never start a new pod."""
     some = max(1, out.replicas)
-    if out.warm_pool_size == 0 and rollout.surge(some) == 0 and rollout.unavailable(some) == 0:
-        # A Deployment refuses this too: with no surge, no unavailability and no warm pod to
-        # make room with, a rollout could never start a new pod.
+    if out.warm_pool_size == 0 and out.rollout.surge(some) == 0 and out.rollout.unavailable(some) == 0:
         raise SpecError("InvalidRollout", "rollout.maxSurge and rollout.maxUnavailable are both "
                         "0 and there is no warm pool: a rollout could never make progress")
+
+
+def parse_spec(spec: Mapping[str, Any]) -> ServiceSpec:
+    """The whole spec, one parser per section; a section left out parses as {} (its defaults).
+    Checks across sections come last."""
+    def section(key: str) -> Mapping[str, Any]:
+        return spec.get(key) or {}
+
+    auto = spec.get("autoscaling")
+    out = ServiceSpec(
+        model=_parse_model(section("model")),
+        engine=_parse_engine(section("engine")),
+        replicas=_nonneg(spec.get("replicas", 1), "replicas"),
+        warm_pool_size=_nonneg(section("warmPool").get("size", 0), "warmPool.size"),
+        warmup_templates=section("warmupTemplates").get("configMap"),
+        snapshot=_parse_snapshot(section("snapshot")),
+        autoscaling=_parse_autoscaling(auto) if auto else None,
+        readiness=_parse_readiness(section("readiness")),
+        failover=_parse_failover(section("failover")),
+        rollout=_parse_rollout(section("rollout")),
+        disruption_budget=_parse_disruption_budget(section("disruptionBudget")),
+        router=_parse_router(section("router")),
+    )
+    _check_rollout_can_progress(out)
     return out

@@ -13,6 +13,10 @@ Conditions (each with the generation it describes, `observedGeneration`):
   (reason RolloutComplete); False with reason ProgressDeadlineExceeded once nothing has
   moved for `rollout.progressDeadlineSeconds` (the rollout is not stopped, only reported);
 - FailoverBackoff: True while repeated failovers are being held back (decide.failover_delay);
+- SnapshotStorageSufficient: `snapshot.size` holds what the engines keep on it (KV bytes per
+  token x max tokens x (keep + 2), plus the converted weights on a shared claim:
+  snapshot_storage.py); Unknown until an engine of the current template has published
+  its bytes per token;
 - ModelUnavailable: True while pods of the current template cannot start because the engine
   could not get the model (it does not exist, or the credentials were refused); the message
   is the engine's, from the pod's termination message. The kubelet's restart back-off and
@@ -29,6 +33,7 @@ from typing import Any
 from preheat.operator.decide import FailoverHistory, failing_since
 from preheat.operator.pods import PodView, parse_time
 from preheat.operator.resources import ROLE_SERVING, ROLE_WARM
+from preheat.operator.snapshot_storage import EngineFacts, StorageCheck, Verdict, check
 
 
 @dataclass(frozen=True)
@@ -47,6 +52,14 @@ class Observation:
     history: FailoverHistory = FailoverHistory()
     backoff_until: float | None = None
     failing: tuple[str, ...] = ()  # serving pods failing, no replacement promoted yet
+    snapshot_size: str = "10Gi"  # spec.snapshot.size
+    snapshot_cache_weights: bool = True  # spec.snapshot.cacheWeights
+    engine_facts: EngineFacts | None = None  # what an engine of this template published
+
+    def storage_check(self) -> StorageCheck:
+        return StorageCheck(enabled=self.snapshot_enabled, shared=self.snapshot_shared,
+                            size=self.snapshot_size, cache_weights=self.snapshot_cache_weights,
+                            facts=self.engine_facts)
 
 
 def _rfc3339(t: float) -> str:
@@ -79,112 +92,167 @@ def serves(p: PodView) -> bool:
     return p.containers_ready and p.gate and failing_since(p, True) is None
 
 
-def compute(obs: Observation, selector: str, previous: Mapping[str, Any] | None,
-            now: str) -> dict[str, Any]:
-    previous = previous or {}
-    now_s = parse_time(now) or 0.0
+@dataclass(frozen=True)
+class _Counts:
+    """The pods as the status counts them."""
+    serving: int  # live serving pods
+    warm: int  # live warm pods
+    ready: int  # serving pods the Service sends to
+    warm_ready: int
+    updated: int  # live pods of the current template
+    updated_ready: int
+    outdated: int
+    unschedulable: tuple[PodView, ...]
+
+
+def _count(obs: Observation) -> _Counts:
     serving = _live(obs, ROLE_SERVING)
     warm = _live(obs, ROLE_WARM)
-    ready = sum(serves(p) for p in serving)
     # Like a serving pod, a warm pod counts once its gate is open: until then the operator
     # has not acted on its readiness (a status computed from a fresh list of pods could
     # otherwise say "pool full" — and phase Ready — a pass before the gate opens).
     warm_ready = sum(p.containers_ready and p.gate and failing_since(p, False) is None
                      for p in warm)
     updated = [p for p in serving + warm if p.template_hash == obs.template_hash]
-    updated_ready = sum(p.containers_ready for p in updated)
-    outdated = len(serving) + len(warm) - len(updated)
+    return _Counts(
+        serving=len(serving), warm=len(warm), ready=sum(serves(p) for p in serving),
+        warm_ready=warm_ready, updated=len(updated),
+        updated_ready=sum(p.containers_ready for p in updated),
+        outdated=len(serving) + len(warm) - len(updated),
+        unschedulable=tuple(p for p in serving + warm if p.unschedulable_since is not None))
 
-    unschedulable = [p for p in serving + warm if p.unschedulable_since is not None]
-    ready_msg = f"{ready}/{obs.replicas} serving pods ready"
+
+def _complete(obs: Observation, n: _Counts) -> bool:
+    return (not n.outdated and n.ready >= obs.replicas and n.serving == obs.replicas
+            and n.warm_ready >= obs.warm_pool and n.warm == obs.warm_pool)
+
+
+def _ready_condition(obs: Observation, n: _Counts) -> dict[str, Any]:
+    message = f"{n.ready}/{obs.replicas} serving pods ready"
     if obs.failing:
-        ready_msg += f"; failing, waiting for a warm replacement: {', '.join(obs.failing)}"
-    if unschedulable:
-        ready_msg += (f"; {len(unschedulable)} pod(s) cannot be scheduled: "
-                      f"{unschedulable[0].unschedulable_message or 'Unschedulable'}")
-    conds = [
-        _cond("Ready", ready >= obs.replicas,
-              "AllReplicasReady" if ready >= obs.replicas else
-              ("PodsUnschedulable" if unschedulable else "ReplicasWarming"), ready_msg),
-        _cond("WarmPoolReady", warm_ready >= obs.warm_pool,
-              "PoolFull" if warm_ready >= obs.warm_pool else "PoolWarming",
-              f"{warm_ready}/{obs.warm_pool} warm pods ready"),
-        _snapshot_condition(obs),
-    ]
-    if obs.degraded:
-        conds.append(_cond("Degraded", True, obs.degraded[0], obs.degraded[1]))
-    else:
-        conds.append(_cond("Degraded", False, "AsExpected", "spec is valid"))
+        message += f"; failing, waiting for a warm replacement: {', '.join(obs.failing)}"
+    if n.unschedulable:
+        message += (f"; {len(n.unschedulable)} pod(s) cannot be scheduled: "
+                    f"{n.unschedulable[0].unschedulable_message or 'Unschedulable'}")
+    ok = n.ready >= obs.replicas
+    reason = "AllReplicasReady" if ok else ("PodsUnschedulable" if n.unschedulable else "ReplicasWarming")
+    return _cond("Ready", ok, reason, message)
 
-    # Progress: anything about the new template's pods moved since the last status.
-    signature = {"templateHash": obs.template_hash, "updatedReplicas": len(updated),
-                 "updatedReadyReplicas": updated_ready, "outdatedReplicas": outdated,
-                 "readyReplicas": ready, "warmReplicas": warm_ready}
-    moved = any(previous.get(k) != v for k, v in signature.items())
-    before = {c.get("type"): c for c in previous.get("conditions") or []}
+
+def _degraded_condition(obs: Observation) -> dict[str, Any]:
+    if obs.degraded:
+        return _cond("Degraded", True, obs.degraded[0], obs.degraded[1])
+    return _cond("Degraded", False, "AsExpected", "spec is valid")
+
+
+def _signature(obs: Observation, n: _Counts) -> dict[str, Any]:
+    """What progress means: anything about the new template's pods moved since the last status."""
+    return {"templateHash": obs.template_hash, "updatedReplicas": n.updated,
+            "updatedReadyReplicas": n.updated_ready, "outdatedReplicas": n.outdated,
+            "readyReplicas": n.ready, "warmReplicas": n.warm_ready}
+
+
+def _progressing_condition(obs: Observation, n: _Counts, previous: Mapping[str, Any],
+                           before: Mapping[str, Any], now: str) -> dict[str, Any]:
+    moved = any(previous.get(k) != v for k, v in _signature(obs, n).items())
     last_progress = now if moved else (before.get("Progressing") or {}).get("lastUpdateTime", now)
-    complete = (not outdated and ready >= obs.replicas and len(serving) == obs.replicas
-                and warm_ready >= obs.warm_pool and len(warm) == obs.warm_pool)
+    now_s = parse_time(now) or 0.0
     stalled_for = now_s - (parse_time(last_progress) or now_s)
-    if complete:
+    left = (f"{n.updated_ready}/{obs.replicas + obs.warm_pool} pods of template "
+            f"{obs.template_hash} ready, {n.outdated} outdated left")
+    if _complete(obs, n):
         progressing = _cond("Progressing", True, "RolloutComplete",
-                            f"{len(updated)} pods on template {obs.template_hash}, all ready")
+                            f"{n.updated} pods on template {obs.template_hash}, all ready")
     elif obs.degraded:
         progressing = _cond("Progressing", False, "Degraded", obs.degraded[1])
     elif stalled_for > obs.progress_deadline_seconds:
         progressing = _cond("Progressing", False, "ProgressDeadlineExceeded",
                             f"no progress for {int(stalled_for)}s (deadline "
-                            f"{int(obs.progress_deadline_seconds)}s): {updated_ready}/"
-                            f"{obs.replicas + obs.warm_pool} pods of template "
-                            f"{obs.template_hash} ready, {outdated} outdated left")
+                            f"{int(obs.progress_deadline_seconds)}s): {left}")
     else:
-        progressing = _cond("Progressing", True,
-                            "RollingOut" if outdated else "PodsWarming",
-                            f"{updated_ready}/{obs.replicas + obs.warm_pool} pods of template "
-                            f"{obs.template_hash} ready, {outdated} outdated left")
+        progressing = _cond("Progressing", True, "RollingOut" if n.outdated else "PodsWarming", left)
     progressing["lastUpdateTime"] = last_progress
-    conds.append(progressing)
+    return progressing
 
+
+def _failover_condition(obs: Observation) -> dict[str, Any]:
     if obs.backoff_until is not None:
-        conds.append(_cond("FailoverBackoff", True, "RepeatedFailures",
-                           f"{obs.history.count} failovers in a row; the next one waits "
-                           f"until {_rfc3339(obs.backoff_until)}"))
-    else:
-        conds.append(_cond("FailoverBackoff", False, "NoBackoff",
-                           f"{obs.history.count} failovers in the current streak"))
+        return _cond("FailoverBackoff", True, "RepeatedFailures",
+                     f"{obs.history.count} failovers in a row; the next one waits "
+                     f"until {_rfc3339(obs.backoff_until)}")
+    return _cond("FailoverBackoff", False, "NoBackoff",
+                 f"{obs.history.count} failovers in the current streak")
 
+
+def _model_condition(obs: Observation) -> dict[str, Any]:
     missing = model_unavailable(obs)
     if missing is not None:
-        conds.append(_cond(MODEL_UNAVAILABLE, True, "ModelNotFoundOrRefused",
-                           f"pod {missing.name}: {missing.termination_message.removeprefix(MODEL_UNAVAILABLE + ': ')}"))
-    else:
-        conds.append(_cond(MODEL_UNAVAILABLE, False, "ModelAvailable",
-                           "no pod reported a missing model or refused credentials"))
+        return _cond(MODEL_UNAVAILABLE, True, "ModelNotFoundOrRefused",
+                     f"pod {missing.name}: {missing.termination_message.removeprefix(MODEL_UNAVAILABLE + ': ')}")
+    return _cond(MODEL_UNAVAILABLE, False, "ModelAvailable",
+                 "no pod reported a missing model or refused credentials")
 
-    # A condition's lastTransitionTime moves only when its status flips.
+
+def _stamp(conds: list[dict[str, Any]], before: Mapping[str, Any], now: str,
+           generation: int | None) -> None:
+    """A condition's lastTransitionTime moves only when its status flips."""
     for c in conds:
         old = before.get(c["type"])
         same = old is not None and old.get("status") == c["status"]
         c["lastTransitionTime"] = old.get("lastTransitionTime", now) if same else now
-        if obs.generation is not None:
-            c["observedGeneration"] = obs.generation
+        if generation is not None:
+            c["observedGeneration"] = generation
 
+
+def _phase(obs: Observation, n: _Counts) -> str:
     if obs.degraded:
-        phase = "Degraded"
-    elif complete:
-        phase = "Ready"
-    elif obs.replicas > 0 and ready == 0:
-        phase = "Pending"
-    else:
-        phase = "Progressing"
+        return "Degraded"
+    if _complete(obs, n):
+        return "Ready"
+    if obs.replicas > 0 and n.ready == 0:
+        return "Pending"
+    return "Progressing"
 
+
+def _storage_status(obs: Observation, verdict: Verdict,
+                    previous: Mapping[str, Any]) -> dict[str, Any]:
+    """status.snapshotStorage: the facts the check used, for this template (reconcile reads
+    them back instead of asking the pods again), and its numbers; None removes an entry
+    that no longer applies."""
+    if obs.engine_facts is not None and obs.snapshot_enabled:
+        return {"snapshotStorage": {**obs.engine_facts.as_status(obs.template_hash),
+                                    "neededBytes": verdict.needed_bytes,
+                                    "sizeBytes": verdict.size_bytes}}
+    return {"snapshotStorage": None} if previous.get("snapshotStorage") else {}
+
+
+def compute(obs: Observation, selector: str, previous: Mapping[str, Any] | None,
+            now: str) -> dict[str, Any]:
+    previous = previous or {}
+    before = {c.get("type"): c for c in previous.get("conditions") or []}
+    n = _count(obs)
+    storage = check(obs.storage_check())
+    conds = [
+        _ready_condition(obs, n),
+        _cond("WarmPoolReady", n.warm_ready >= obs.warm_pool,
+              "PoolFull" if n.warm_ready >= obs.warm_pool else "PoolWarming",
+              f"{n.warm_ready}/{obs.warm_pool} warm pods ready"),
+        _snapshot_condition(obs),
+        storage.condition(),
+        _degraded_condition(obs),
+        _progressing_condition(obs, n, previous, before, now),
+        _failover_condition(obs),
+        _model_condition(obs),
+    ]
+    _stamp(conds, before, now, obs.generation)
     status: dict[str, Any] = {
-        "replicas": len(serving),
+        "replicas": n.serving,
         "selector": selector,
-        "phase": phase,
-        **signature,
+        "phase": _phase(obs, n),
+        **_signature(obs, n),
         "conditions": conds,
     }
+    status.update(_storage_status(obs, storage, previous))
     if obs.history.last is not None:
         status["failover"] = {"count": obs.history.count, "lastTime": _rfc3339(obs.history.last)}
     if obs.generation is not None:

@@ -78,6 +78,15 @@ def default_weight_cache_dir() -> Path:
     return Path(base) / "preheat" / "weights"
 
 
+def weight_cache_entry_bytes(hf_dir: str | None) -> int:
+    """Bytes of a complete weight-cache entry (a directory with DONE, as _write_cache_entry
+    leaves it), 0 for anything else (a model read in place). What the converted weights
+    take on the volume that holds the cache: on a shared snapshot claim, they count."""
+    if not isinstance(hf_dir, str) or not hf_dir or not (Path(hf_dir) / "DONE").is_file():
+        return 0
+    return sum(f.stat().st_size for f in Path(hf_dir).iterdir() if f.is_file())
+
+
 def load_model(model: str | None, dtype: torch.dtype, weight_cache_dir: str | None) -> LoadedModel:
     source = model or default_model_path()
     path = Path(source)

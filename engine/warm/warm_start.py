@@ -21,7 +21,7 @@ from preheat.engine.config import EngineConfig
 from preheat.engine.lifecycle import StartupStep
 from preheat.engine.peer.peer_secret import PeerSecret
 from preheat.engine.warm.builtin_warmup import builtin_templates
-from preheat.engine.warm.snapshotter import Snapshotter
+from preheat.engine.warm.snapshotter import Snapshotter, kv_bytes_per_token
 from preheat.engine.warm.warmup_runner import run_warmup
 from preheat.engine.warm.warmup_templates import DEFAULT_MAX_TOKENS, WarmupTemplate, build_plan, load_templates
 
@@ -103,6 +103,14 @@ class WarmStart:
         pool = getattr(engine, "pool", None)
         if pool is not None:
             aengine.metrics.kv_capacity_tokens.set(pool.capacity_pages * pool.page_size)
+        # What a snapshot takes per token, and the converted weights beside it: the
+        # operator checks spec.snapshot.size against them (operator/snapshot_storage.py).
+        fingerprint = getattr(engine, "fingerprint", None)
+        if isinstance(fingerprint, dict) and "num_layers" in fingerprint:
+            aengine.metrics.kv_bytes_per_token.set(kv_bytes_per_token(fingerprint))
+        from preheat.engine.model.loader import weight_cache_entry_bytes
+
+        aengine.metrics.weight_cache_bytes.set(weight_cache_entry_bytes(getattr(engine, "hf_dir", None)))
         log.info("weights %s; CUDA-graph batch sizes %s",
                  "from the weight cache" if getattr(engine, "weights_from_cache", False)
                  else "converted (not from the weight cache)",
@@ -135,6 +143,7 @@ def build_warm_start(config: EngineConfig, metrics: Any) -> WarmStart:
         log.info("warmup templates: %s from %s", ", ".join(t.name for t in ws.templates) or "none",
                  config.warmup_templates)
     if config.snapshot_dir:
+        metrics.snapshot_max_tokens.set(config.snapshot_max_tokens)
         ws.snapshotter = Snapshotter(config.snapshot_dir, config.snapshot_max_tokens,
                                      config.snapshot_interval, metrics,
                                      peer_url=config.snapshot_peer_url,

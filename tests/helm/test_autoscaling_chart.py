@@ -29,7 +29,7 @@ from test_helm_chart import K8S, rendered, template
 
 from preheat.engine.metrics import Metrics
 from preheat.operator import render
-from preheat.operator.autoscale import ENGINE_METRICS
+from preheat.operator.scale_decide import ENGINE_METRICS
 from preheat.operator.spec import parse_spec
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures"

@@ -29,8 +29,8 @@ def steady() -> World:
 def test_every_condition_carries_the_generation_it_describes():
     st = compute(obs(steady()), "sel", {}, rfc3339(T0 + 100))
     assert {c["type"] for c in st["conditions"]} == {
-        "Ready", "WarmPoolReady", "SnapshotVolumeBound", "Degraded", "Progressing",
-        "FailoverBackoff", "ModelUnavailable"}
+        "Ready", "WarmPoolReady", "SnapshotVolumeBound", "SnapshotStorageSufficient", "Degraded",
+        "Progressing", "FailoverBackoff", "ModelUnavailable"}
     assert {c["observedGeneration"] for c in st["conditions"]} == {3}
     assert cond(st, "Progressing")["reason"] == "RolloutComplete"
     assert cond(st, "SnapshotVolumeBound")["reason"] == "PodLocal"

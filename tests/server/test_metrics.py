@@ -21,6 +21,9 @@ REQUIRED = [
     "preheat_cuda_graph_capture_seconds", "preheat_warmup_seconds", "preheat_warmup_requests",
     "preheat_snapshot_restored_tokens", "preheat_snapshot_restore_seconds",
     "preheat_snapshot_saved_tokens", "preheat_snapshot_rejected", "preheat_kv_cache_capacity_tokens",
+    # what the operator sizes spec.snapshot.size with (issue 31)
+    "preheat_kv_cache_bytes_per_token", "preheat_snapshot_max_tokens",
+    "preheat_model_weight_cache_bytes",
     # vLLM's names, for the Gateway API Inference Extension and KEDA recipes
     "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
 ]
@@ -114,6 +117,15 @@ def test_speculative_totals_become_the_spec_counters():
         m.record_scheduler(SimpleNamespace(spec_draft_tokens_total=drafted, spec_accepted_tokens_total=accepted))
     assert registry.get_sample_value("preheat_spec_draft_tokens_total") == 20
     assert registry.get_sample_value("preheat_spec_accepted_tokens_total") == 11
+
+
+def test_the_snapshot_sizing_gauges_describe_the_loaded_model(server):
+    m = scrape(server.url)
+    # The embedded SmolLM2-135M in float32 (SERVER_FLAGS): 30 layers x (K, V) x 3 KV heads
+    # x 64 x 4 bytes.
+    assert m["preheat_kv_cache_bytes_per_token"] == 30 * 2 * 3 * 64 * 4
+    # Its GGUF is converted once and loaded from the weight cache: ~135M float32 parameters.
+    assert 0.4e9 < m["preheat_model_weight_cache_bytes"] < 0.7e9
 
 
 def test_kv_capacity_gauge_is_the_pool_size_in_tokens(server):

@@ -4,7 +4,7 @@ Why the operator decides instead of an HPA: the signals that matter for LLM serv
 depth, running requests, KV-cache usage — are per-pod Prometheus gauges, which an HPA reads
 only through a custom-metrics adapter that a fresh cluster does not have; CPU utilisation
 means nothing on a GPU pod. So in `metric.type: Engine` mode the operator scrapes the gauges
-of the Ready serving pods itself (autoscaler.py, scrape.py) and decides here exactly as an HPA with
+of the Ready serving pods itself (scale_reconcile.py, scrape.py) and decides here exactly as an HPA with
 the same target and behavior would, so that moving to the HPA route later (`Pods` or
 `External` metrics) changes where the numbers come from, not how they are used.
 

@@ -1,4 +1,4 @@
-"""The built-in autoscaler's decision (preheat.operator.autoscale): no cluster, no model.
+"""The built-in autoscaler's decision (preheat.operator.scale_decide): no cluster, no model.
 
 Three kinds of evidence: single rounds checked against the Kubernetes HPA's own test vectors
 (kubernetes/pkg/controller/podautoscaler/replica_calculator_test.go), metric series played
@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from preheat.operator.autoscale import (
+from preheat.operator.scale_decide import (
     Decision,
     PodSample,
     Policy,
@@ -121,7 +121,7 @@ def test_stabilization_takes_the_min_over_the_up_window_and_the_max_over_the_dow
 
 def play(policy: Policy, rounds: list[tuple[float, list[PodSample]]], replicas: int,
          history: tuple[Recommendation, ...] | None = None) -> list[Decision]:
-    """Feeds the rounds to decide() the way autoscaler.py does: the desired count is
+    """Feeds the rounds to decide() the way scale_reconcile.py does: the desired count is
     applied (spec.replicas) before the next round; history is carried over."""
     out = []
     for now, samples in rounds:

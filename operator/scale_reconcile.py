@@ -1,6 +1,6 @@
 """One pass of the built-in (metric.type Engine) autoscaler for one InferenceService.
 
-The thin, effectful shell around autoscale.decide(): read the resource and its serving pods,
+The thin, effectful shell around scale_decide.decide(): read the resource and its serving pods,
 scrape the gauge from the Ready ones (scrape.py), decide, and when the count changes set
 spec.replicas through the /scale subresource — the same door `kubectl scale` and an HPA
 use, so all of them see one number — then record the decision in status.autoscaling and as
@@ -19,14 +19,6 @@ from typing import Any
 
 import httpx
 
-from preheat.operator.autoscale import (
-    Decision,
-    PodSample,
-    Policy,
-    Recommendation,
-    decide,
-    status_of,
-)
 from preheat.operator.kube import Kube
 from preheat.operator.pods import view
 from preheat.operator.quantity import parse_quantity
@@ -36,6 +28,14 @@ from preheat.operator.resources import (
     LABEL_SERVICE,
     PODS,
     ROLE_SERVING,
+)
+from preheat.operator.scale_decide import (
+    Decision,
+    PodSample,
+    Policy,
+    Recommendation,
+    decide,
+    status_of,
 )
 from preheat.operator.scrape import metrics_url, scrape
 from preheat.operator.spec import SpecError, parse_spec
