@@ -36,8 +36,10 @@ from e2e import scenario  # noqa: E402
 from e2e.local_cluster import LocalCluster, local_cluster  # noqa: E402
 from e2e.waiting import eventually  # noqa: E402
 from preheat.operator.resources import INFERENCE_SERVICES  # noqa: E402
+from preheat.router.config import RouterConfig  # noqa: E402
 
 SERVICE = "chat"
+ROUTER = RouterConfig(service=SERVICE)  # the defaults the operator's router pods run with
 WORDS = ("order delivery refund parcel invoice warranty return address courier label store "
          "account payment voucher size colour exchange tracking weekend support").split()
 
@@ -165,6 +167,32 @@ async def pod_counters(c: LocalCluster) -> dict[str, dict[str, float]]:
     return out
 
 
+ROUTER_COUNTERS = {"affinity": ("preheat_router_routed_total", 'reason="affinity"'),
+                   "spill": ("preheat_router_routed_total", 'reason="spill"'),
+                   "learned": ("preheat_router_placements_learned_total", ""),
+                   "peer errors": ("preheat_router_peer_errors_total", "")}
+
+
+async def router_counters(c: LocalCluster) -> dict[str, float]:
+    """Both routers' decisions, summed over the router pods' /metrics."""
+    import httpx
+
+    out = dict.fromkeys(ROUTER_COUNTERS, 0.0)
+    async with httpx.AsyncClient(timeout=10) as http:
+        for pod in await scenario.all_pods_of(c, SERVICE):
+            if scenario.role_of(pod) != "router" or not scenario.is_live(pod):
+                continue
+            try:
+                text = (await http.get(await c.endpoint(scenario.name_of(pod)) + "/metrics")).text
+            except httpx.HTTPError:
+                continue
+            for line in text.splitlines():
+                for name, (metric, label) in ROUTER_COUNTERS.items():
+                    if line.startswith(metric) and label in line and not line.startswith("#"):
+                        out[name] += float(line.rsplit(" ", 1)[1])
+    return out
+
+
 def pct(values: list[float], q: int) -> float | None:
     if not values:
         return None
@@ -179,6 +207,7 @@ class Phase:
     records: list[Record]
     wall_s: float
     per_pod: dict[str, dict[str, float]] = field(default_factory=dict)
+    routers: dict[str, float] = field(default_factory=dict)
 
     def later(self) -> list[Record]:
         return [r for r in self.records if r.ok and r.turn > 0]
@@ -213,12 +242,13 @@ def delta(after: dict[str, dict[str, float]], before: dict[str, dict[str, float]
 
 
 async def run_phase(c: LocalCluster, name: str, url: str, a: argparse.Namespace) -> Phase:
-    before = await pod_counters(c)
+    before, routers_before = await pod_counters(c), await router_counters(c)
     start = time.monotonic()
     records = await conversations(url, name, a.conversations, a.turns, a.shared, a.workers,
                                   a.shared_words, a.own_words, a.max_tokens)
     wall = time.monotonic() - start
-    return Phase(name, records, wall, delta(await pod_counters(c), before))
+    routers = {k: v - routers_before[k] for k, v in (await router_counters(c)).items()}
+    return Phase(name, records, wall, delta(await pod_counters(c), before), routers)
 
 
 def ms(v: float | None) -> str:
@@ -238,8 +268,10 @@ def report(a: argparse.Namespace, phases: list[Phase], kills: dict[str, tuple[li
         "counts and do not depend on timing. One run.",
         "",
         f"Setup: the e2e local harness; one InferenceService of the embedded SmolLM2-135M, "
-        f"3 replicas, 1 warm pod, the default 2 routers (`--balance-factor` 1.5, "
-        f"`--balance-slack` 2). Workload per phase: {a.conversations} conversations x "
+        f"3 replicas, 1 warm pod, the default 2 routers (`--balance-factor` "
+        f"{ROUTER.balance_factor:g}, `--balance-slack` {ROUTER.balance_slack}, "
+        f"`--affinity-window` {ROUTER.affinity_window:g} s, `--share-interval` "
+        f"{ROUTER.share_interval:g} s). Workload per phase: {a.conversations} conversations x "
         f"{a.turns} turns, {a.workers} at a time, a new connection per request, streamed, "
         f"max_tokens {a.max_tokens}, temperature 0; each system prompt is one of {a.shared} "
         f"shared prefixes ({a.shared_words} words) followed by the conversation's own "
@@ -262,6 +294,12 @@ def report(a: argparse.Namespace, phases: list[Phase], kills: dict[str, tuple[li
         for pod, v in sorted(p.per_pod.items()):
             lines.append(f"| {p.name} | {pod} | {v['requests']:.0f} | {v['prompt']:.0f} | "
                          f"{v['prompt'] - v['cached']:.0f} |")
+    r = routed.routers
+    lines += ["", f"The routers' decisions in the router phase (both routers' /metrics): "
+              f"{r.get('affinity', 0):.0f} to the key's placed or top-ranked pod, "
+              f"{r.get('spill', 0):.0f} placed elsewhere by the bar; "
+              f"{r.get('learned', 0):.0f} placements learned from the peer router, "
+              f"{r.get('peer errors', 0):.0f} failed pulls."]
     lines += ["", f"Kill of a serving engine under load ({a.workers} clients, {a.kill_seconds:.0f} s, "
               "SIGKILL a third of the way in, the clients' own retries off):", "",
               "| through | victim | requests | failed | failed before any byte reached the client |",

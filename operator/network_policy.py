@@ -8,7 +8,8 @@ side is another engineer's; spec.router.enabled is read defensively, default tru
   metrics scrapers. With the router off (spec.router.enabled: false) the engines are the
   clients' entry, so the configured clients are admitted too.
 - `<name>-router` selects the router pods and admits the configured clients (default:
-  any pod of the namespace, as the chart's networkPolicy.clients says).
+  any pod of the namespace, as the chart's networkPolicy.clients says) and the service's
+  other router pods, which pull each other's placements (router/peers.py).
 
 What these cannot do: a pod that carries the service's labels is a "peer" to them. That is
 why /admin/* also asks for the peer secret (engine/serve/http_auth.py) and snapshots are signed:
@@ -94,5 +95,6 @@ def network_policies(name: str, namespace: str, metadata: Mapping[str, Any],
     out = [_policy(engines_name, namespace, metadata, _engines_selector(name), peers)]
     if with_router:
         out.append(_policy(router_name, namespace, metadata, _routers_selector(name),
-                           [dict(p) for p in s.clients]))
+                           [{"podSelector": _routers_selector(name)},
+                            *(dict(p) for p in s.clients)]))
     return out

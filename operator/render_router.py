@@ -58,7 +58,11 @@ def router_pod_spec(name: str, spec: ServiceSpec, image: str,
         "image": image,
         "command": ["preheat", "router"],
         "env": [{"name": "PREHEAT_ROUTER_SERVICE", "value": name},
-                {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}],
+                {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+                # Which router pod it is, and its address: it pulls its peers' placements
+                # from its pod IP, which they check, and is no peer of itself.
+                {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
         "ports": [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"}],
         # /ready: the router has listed the engine pods (requests wait for an engine from then on).
         "readinessProbe": {"httpGet": http("/ready"), "periodSeconds": r.period_seconds,

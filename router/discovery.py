@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 LABEL_SERVICE = "preheat.dev/service"  # DESIGN.md pod labels (operator/resources.py)
 LABEL_ROLE = "preheat.dev/role"
 ROLE_SERVING = "serving"
+ROLE_ROUTER = "router"
 
 
 def engine_url(pod: Mapping[str, Any], service: str, port: int) -> str | None:
@@ -46,6 +47,25 @@ def engine_url(pod: Mapping[str, Any], service: str, port: int) -> str | None:
     ready = any(c.get("type") == "Ready" and c.get("status") == "True"
                 for c in status.get("conditions") or [])
     ip = status.get("podIP")
+    return f"http://{ip}:{port}" if ready and ip else None
+
+
+def router_url(pod: Mapping[str, Any], service: str, port: int, own: str | None) -> str | None:
+    """A peer router's URL (another Ready router pod of the service), else None. Pure."""
+    meta = pod.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    if labels.get(LABEL_SERVICE) != service or labels.get(LABEL_ROLE) != ROLE_ROUTER:
+        return None
+    if meta.get("deletionTimestamp") or meta.get("name") == own:
+        return None
+    status = pod.get("status") or {}
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True"
+                for c in status.get("conditions") or [])
+    ip = status.get("podIP")
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        for p in c.get("ports") or []:
+            if p.get("name") == "http" and p.get("containerPort"):
+                port = int(p["containerPort"])
     return f"http://{ip}:{port}" if ready and ip else None
 
 
@@ -78,10 +98,12 @@ def api_access(cfg: RouterConfig) -> ApiAccess:
 
 class Endpoints:
     """The current engine set (pod name -> URL), kept by watch(); `wait_change` lets a
-    request with no pod left wait for one instead of failing at once."""
+    request with no pod left wait for one instead of failing at once. `peers`: the other
+    Ready router pods of the service (name -> URL), whose placements this one pulls."""
 
     def __init__(self) -> None:
         self.ready: dict[str, str] = {}
+        self.peers: dict[str, str] = {}
         self.synced = False  # the first list has been read
         self._changed = asyncio.Event()
 
@@ -100,6 +122,16 @@ class Endpoints:
         else:
             ready[name] = url
         self.replace(ready)
+
+    def update_peer(self, name: str, url: str | None) -> None:
+        if url is None:
+            self.peers.pop(name, None)
+        elif self.peers.get(name) != url:
+            log.info("peer router %s at %s", name, url)
+            self.peers[name] = url
+
+    def peer_hosts(self) -> set[str]:
+        return {httpx.URL(u).host for u in self.peers.values()}
 
     async def wait_change(self, timeout: float) -> bool:
         event = self._changed
@@ -123,9 +155,13 @@ async def watch_engines(cfg: RouterConfig, endpoints: Endpoints, access: ApiAcce
                 resp = await api.get(path, params=params, headers=access.headers())
                 resp.raise_for_status()
                 listed = resp.json()
+                items = listed.get("items") or []
                 endpoints.replace({
-                    p["metadata"]["name"]: url for p in listed.get("items") or []
+                    p["metadata"]["name"]: url for p in items
                     if (url := engine_url(p, cfg.service, cfg.engine_port)) is not None})
+                endpoints.peers = {
+                    p["metadata"]["name"]: url for p in items
+                    if (url := router_url(p, cfg.service, cfg.port, cfg.pod_name)) is not None}
                 rv = (listed.get("metadata") or {}).get("resourceVersion")
                 watch = {**params, "watch": "true", "allowWatchBookmarks": "true",
                          **({"resourceVersion": rv} if rv else {})}
@@ -145,6 +181,8 @@ async def watch_engines(cfg: RouterConfig, endpoints: Endpoints, access: ApiAcce
                             continue
                         endpoints.update(name, None if kind == "DELETED" else
                                          engine_url(obj, cfg.service, cfg.engine_port))
+                        endpoints.update_peer(name, None if kind == "DELETED" else
+                                              router_url(obj, cfg.service, cfg.port, cfg.pod_name))
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # a dropped stream, a restarting API server: list again

@@ -30,6 +30,16 @@ class RouterMetrics:
             "preheat_router_pod_in_flight", "Requests this router has in flight per engine pod "
             "(it forwards at once and queues nothing: this is the load it put there).",
             ["pod"], registry=r)
+        self.placements = Gauge(
+            "preheat_router_placements", "Prefix keys placed on a pod and still live (their "
+            "last request within --affinity-window), this router's and its peers'.",
+            registry=r)
+        self.learned = Counter(
+            "preheat_router_placements_learned", "Placements learned from peer routers "
+            "(their requests of a key this router had not sent since).", registry=r)
+        self.peer_errors = Counter(
+            "preheat_router_peer_errors", "Failed pulls of a peer router's placements, by "
+            "peer.", ["peer"], registry=r)
         self.engines = Gauge("preheat_router_engines", "Ready serving pods the router sends to.",
                              registry=r)
         self.unroutable = Counter(

@@ -27,7 +27,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from preheat.router.config import RouterConfig
 from preheat.router.discovery import Endpoints
 from preheat.router.metrics import RouterMetrics
-from preheat.router.policy import Balance, choose
+from preheat.router.placement import Ledger
+from preheat.router.policy import Balance
 from preheat.router.prefix import SeenKeys, request_key
 
 log = logging.getLogger(__name__)
@@ -57,7 +58,7 @@ class Proxy:
     endpoints: Endpoints
     metrics: RouterMetrics
     client: httpx.AsyncClient
-    in_flight: dict[str, int] = field(default_factory=dict)
+    ledger: Ledger
     seen: SeenKeys = field(default_factory=SeenKeys)
 
     @classmethod
@@ -66,20 +67,22 @@ class Proxy:
             trust_env=False,  # a proxy set for the API server must not sit between us and pods
             timeout=httpx.Timeout(cfg.read_timeout, connect=cfg.connect_timeout, pool=None),
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=256))
-        return cls(cfg, endpoints, metrics, client)
+        return cls(cfg, endpoints, metrics, client, Ledger(cfg.affinity_window))
 
-    def _load(self) -> dict[str, int]:
+    def refresh(self) -> dict[str, str]:
+        """The Ready pods; forgets the ones gone (no series left behind for them)."""
         ready = self.endpoints.ready
         self.metrics.engines.set(len(ready))
-        for gone in [p for p in self.in_flight if p not in ready and not self.in_flight[p]]:
-            del self.in_flight[gone]
+        for gone in self.ledger.prune(ready):
             self.seen.forget(gone)
-            self.metrics.in_flight.remove(gone)  # no series left behind for a pod that is gone
-        return {p: self.in_flight.get(p, 0) for p in ready}
+            self.metrics.in_flight.remove(gone)
+        self.metrics.placements.set(len(self.ledger.placements))
+        return ready
 
-    def _track(self, pod: str, delta: int) -> None:
-        self.in_flight[pod] = self.in_flight.get(pod, 0) + delta
-        self.metrics.in_flight.labels(pod=pod).set(self.in_flight[pod])
+    def _track(self, pod: str, key: str | None, delta: int) -> None:
+        now = time.monotonic()
+        n = (self.ledger.start if delta > 0 else self.ledger.finish)(pod, key, now)
+        self.metrics.in_flight.labels(pod=pod).set(n)
 
     async def handle(self, request: Request) -> Response:
         if request.url.path.startswith("/admin"):
@@ -97,10 +100,10 @@ class Proxy:
         deadline = time.monotonic() + self.cfg.retry_deadline
         tried: set[str] = set()
         attempts, last = 0, "no Ready engine pod"
+        balance = Balance(self.cfg.balance_factor, self.cfg.balance_slack)
         while attempts < self.cfg.max_attempts:
-            load = self._load()
-            choice = choose(load, key, Balance(self.cfg.balance_factor, self.cfg.balance_slack),
-                            exclude=tried)
+            choice = self.ledger.choose(self.refresh(), key, balance, time.monotonic(),
+                                        exclude=tried)
             if choice is None:
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -135,7 +138,7 @@ class Proxy:
         url = self.endpoints.ready.get(pod)
         if url is None:
             raise _Retry("gone", "left the endpoints")
-        self._track(pod, +1)
+        self._track(pod, key, +1)
         resp: httpx.Response | None = None
         try:
             req = self.client.build_request(method, url + path, headers=headers, content=body)
@@ -148,24 +151,24 @@ class Proxy:
                 if first:
                     break
         except _Retry:
-            await self._close(resp, pod)
+            await self._close(resp, pod, key)
             raise
         except httpx.TransportError as e:
-            await self._close(resp, pod)
+            await self._close(resp, pod, key)
             reason = "connect" if isinstance(e, (httpx.ConnectError, httpx.ConnectTimeout)) else "reset"
             raise _Retry(reason, f"{type(e).__name__}: {e}") from e
         except BaseException:
-            await self._close(resp, pod)
+            await self._close(resp, pod, key)
             raise
         if key is not None:
             self.seen.add(pod, key)
         outcome = f"{resp.status_code // 100}xx"
         out_headers = {k: v for k, v in resp.headers.items() if k.lower() not in _HOP}
         out_headers[ENGINE_HEADER] = pod  # which engine answered (debugging, benchmarks)
-        return StreamingResponse(self._rest(resp, pod, first, chunks, outcome),
+        return StreamingResponse(self._rest(resp, pod, key, first, chunks, outcome),
                                  status_code=resp.status_code, headers=out_headers)
 
-    async def _rest(self, resp: httpx.Response, pod: str, first: bytes,
+    async def _rest(self, resp: httpx.Response, pod: str, key: str | None, first: bytes,
                     chunks: AsyncIterator[bytes], outcome: str) -> AsyncIterator[bytes]:
         try:
             if first:
@@ -179,10 +182,10 @@ class Proxy:
         finally:
             self.metrics.attempts.labels(pod=pod, outcome=outcome).inc()
             await resp.aclose()
-            self._track(pod, -1)
+            self._track(pod, key, -1)
 
-    async def _close(self, resp: httpx.Response | None, pod: str) -> None:
+    async def _close(self, resp: httpx.Response | None, pod: str, key: str | None) -> None:
         if resp is not None:
             await resp.aclose()
-        self._track(pod, -1)
+        self._track(pod, key, -1)
         self.metrics.attempts.labels(pod=pod, outcome="no_bytes").inc()

@@ -153,6 +153,10 @@ def test_clients_reach_the_router_and_with_the_router_off_the_engines(helm, tmp_
     router = engine("llm-prod", role="router")
     assert admits(found, Pod("gateway", {"app": "gateway"}), router, 8000)
     assert not admits(found, Pod("gateway", {"app": "batch"}), router, 8000)
+    # The service's other routers (they pull each other's placements), no one else's.
+    assert admits(found, engine("llm-prod", role="router"), router, 8000)
+    assert not admits(found, engine("llm-prod", "other", role="router"), router, 8000)
+    assert not admits(found, engine("llm-prod"), router, 8000)
     direct = policies(helm, tmp_path, VALUES, raw_spec={"router": {"enabled": False}})
     assert admits(direct, Pod("gateway", {"app": "gateway"}), engine("llm-prod"), 8000)
     assert not admits(direct, Pod("llm-prod", {"app": "notebook"}), engine("llm-prod"), 8000)

@@ -54,7 +54,9 @@ def test_engines_admit_their_routers_peers_and_the_operator_not_the_clients():
     router = got["chat-router"]
     assert router["spec"]["podSelector"] == {"matchLabels": {"preheat.dev/service": "chat",
                                                              "preheat.dev/role": "router"}}
-    assert peers(router) == [{"namespaceSelector": {"matchLabels": {"team": "web"}}}]
+    # The clients, and the other routers of the service (they share their placements).
+    assert peers(router) == [{"podSelector": router["spec"]["podSelector"]},
+                             {"namespaceSelector": {"matchLabels": {"team": "web"}}}]
     assert engines["metadata"]["ownerReferences"][0]["uid"] == UID
 
 

@@ -16,7 +16,7 @@ from kmock_apiserver import KubeAPIServer
 from preheat.operator.kube import STRATEGIC, Kube
 from preheat.operator.resources import PODS
 from preheat.router.config import RouterConfig
-from preheat.router.discovery import Endpoints, api_access, engine_url, watch_engines
+from preheat.router.discovery import Endpoints, api_access, engine_url, router_url, watch_engines
 
 NS = "default"
 
@@ -53,6 +53,17 @@ def test_only_ready_serving_pods_of_the_service_qualify():
     assert engine_url({**ok, "status": {"podIP": "10.0.0.1"}}, "chat", 8000) is None
 
 
+def test_the_peers_are_the_other_ready_router_pods_of_the_service():
+    ok = {**pod("chat-router-1", "router"), "status": {"podIP": "10.0.0.2", "conditions": [
+        {"type": "Ready", "status": "True"}]}}
+    ok["spec"]["containers"][0]["ports"] = [{"name": "http", "containerPort": 8080}]
+    assert router_url(ok, "chat", 8000, own="chat-router-2") == "http://10.0.0.2:8080"
+    assert router_url(ok, "chat", 8000, own="chat-router-1") is None  # not a peer of itself
+    assert router_url(ok, "other", 8000, own=None) is None
+    assert engine_url(ok, "chat", 8000) is None  # and never an engine
+    assert router_url({**ok, "status": {"podIP": "10.0.0.2"}}, "chat", 8000, None) is None
+
+
 async def test_the_engine_set_follows_readiness_relabels_and_deletion(tmp_path):
     (tmp_path / "token").write_text("router-token\n")
     async with KubeAPIServer() as api, kmock.Server(api) as server:
@@ -61,7 +72,8 @@ async def test_the_engine_set_follows_readiness_relabels_and_deletion(tmp_path):
                            service_account_dir=str(tmp_path))
         access = api_access(cfg)
         assert access.headers() == {"Authorization": "Bearer router-token"}
-        for name, role in (("chat-a", "serving"), ("chat-w", "warm"), ("other-a", "serving")):
+        for name, role in (("chat-a", "serving"), ("chat-w", "warm"), ("other-a", "serving"),
+                           ("chat-router-x", "router")):
             await kube.create(PODS, NS, pod(name, role, "other" if name.startswith("other") else "chat"))
             await set_ready(kube, name, True, f"127.0.0.{len(name)}")
         eps = Endpoints()
@@ -69,6 +81,8 @@ async def test_the_engine_set_follows_readiness_relabels_and_deletion(tmp_path):
         try:
             await until(lambda: eps.synced)
             assert eps.ready == {"chat-a": "http://127.0.0.6:8000"}  # listed: warm and other out
+            assert eps.peers == {"chat-router-x": "http://127.0.0.13:8000"}  # a router: a peer
+            assert eps.peer_hosts() == {"127.0.0.13"}
             # A warm pod promoted (relabelled) joins; one turning unready leaves.
             await kube.patch(PODS, NS, "chat-w", {"metadata": {"labels": {"preheat.dev/role": "serving"}}})
             await until(lambda: "chat-w" in eps.ready)
@@ -81,6 +95,8 @@ async def test_the_engine_set_follows_readiness_relabels_and_deletion(tmp_path):
             await until(lambda: "chat-a" not in eps.ready)
             await kube.delete(PODS, NS, "chat-w")
             await until(lambda: eps.ready == {})
+            await kube.delete(PODS, NS, "chat-router-x")
+            await until(lambda: eps.peers == {})
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
