@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from preheat.engine.kernels import attention
-from preheat.engine.model.rope import apply_rope
+from preheat.engine.kernels.rope import apply_rope
 
 _kernels: ModuleType | None = None
 
