@@ -33,7 +33,7 @@ from preheat.engine.distributed.comm import all_reduce
 from preheat.engine.distributed.driver import DrivenModel
 from preheat.engine.distributed.launcher import TensorParallel
 from preheat.engine.dtypes import torch_dtype
-from preheat.engine.kernels import attention
+from preheat.engine.kernels.backend import select_backend
 from preheat.engine.kv.cache_manager import KVCacheManager
 from preheat.engine.kv.pool import KVPool, available_memory_bytes, pool_pages
 from preheat.engine.kv.radix import RadixCache
@@ -139,13 +139,14 @@ class Engine:
         moe_backend = select_moe_backend(self.device) if spec.moe is not None else "torch"
         # Before the model is built: the backend decides the weights' form (packed for the
         # CPU kernels, plain tensors elsewhere).
-        self.attention_backend = attention.set_backend(self.device)
+        self.kernels = select_backend(self.device)
+        self.attention_backend = self.kernels.name
         self.quantization = config.quantization
         weights = loaded.weights
         if config.quantization:
             weights = quantize_weights(weights, spec, loaded.source, config.quantization)
         self.model = build_model(
-            spec, loaded.hf_config, weights, self.device, self.dtype, moe_backend,
+            spec, loaded.hf_config, weights, self.device, self.dtype, moe_backend, backend=self.kernels,
             **({"sharder": self.tp.sharder(spec), "reduce": all_reduce} if self.tp else {}),
         )  # fmt: skip
         del loaded, weights  # the model holds what it needs; drop the checkpoint's own tensors
