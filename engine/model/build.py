@@ -15,7 +15,6 @@ from typing import Any
 
 import torch
 
-from preheat.engine.distributed.sharding import Sharder
 from preheat.engine.kernels.backend import KernelBackend, choose_backend
 from preheat.engine.kernels.int8 import QuantizedWeight
 from preheat.engine.kernels.torch_backend import TorchBackend
@@ -23,6 +22,7 @@ from preheat.engine.model.decoder import DecoderLayer, DecoderModel, Reduce
 from preheat.engine.model.layers import Attention, DenseMLP
 from preheat.engine.model.moe import ExpertsFn, SparseMoE, grouped_experts_torch
 from preheat.engine.model.rope import RotaryEmbedding, rope_inv_freq
+from preheat.engine.model.sharding import Sharder, WholeWeights
 from preheat.engine.model.spec import ModelSpec
 
 log = logging.getLogger(__name__)
@@ -43,7 +43,7 @@ def build_model(
     on the host, so only the slice reaches the device) and `reduce` (the all-reduce after
     o_proj and down_proj, engine/distributed/sharding.py)."""
     experts_fn, graphs_off = _experts_impl(moe_backend) if spec.moe is not None else (grouped_experts_torch, None)
-    shard = sharder or Sharder(spec)
+    shard = sharder or WholeWeights(spec)
     kernels = backend or TorchBackend()
 
     def get(name: str) -> torch.Tensor:
