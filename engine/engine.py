@@ -19,6 +19,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
+import functools
 import itertools
 import logging
 import threading
@@ -46,7 +47,7 @@ from preheat.engine.request.builder import RequestBuilder, default_stop_ids
 from preheat.engine.request.errors import QueueFull, RequestRejected
 from preheat.engine.request.sampling_params import SamplingParams
 from preheat.engine.request.sequence import RequestOutput, Sequence, Status, TokenLogprob
-from preheat.engine.runner import BatchEntry, EntryFailed, EntryTokens, ModelRunner
+from preheat.engine.runner import BatchEntry, EntryFailed, EntryTokens, ModelRunner, run_prompt
 from preheat.engine.sched.scheduler import SeqView, StepPlan, next_tokens_key, plan_step
 from preheat.engine.sched.spec_decode import NgramDrafter, draft_limit
 
@@ -188,7 +189,8 @@ class Engine:
         if self.pool.scales is not None and not self.tp:  # fp8 KV: per-layer scales, calibrated
             from preheat.engine.kv.fp8_calibration import calibrate_kv_scales
 
-            self.pool.set_scales(calibrate_kv_scales(self.model, self.tokenizer, spec, self.device, self.dtype,
+            prefill = functools.partial(run_prompt, self.model, self.device)
+            self.pool.set_scales(calibrate_kv_scales(prefill, self.tokenizer, spec, self.device, self.dtype,
                                                      self.kv_dtype, config.page_size))
         if self.tp:
             self.model = DrivenModel(self.model, self.tp)
