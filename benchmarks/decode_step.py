@@ -337,7 +337,7 @@ def render(args, results, forward, breakdown, b1, sides, dense, gguf, ours) -> s
         "and the last token as each side streams them (llama.cpp: `create_completion(stream=True)`, "
         f"n_threads={torch.get_num_threads()}).",
         "",
-        "### Where the time goes (ms per step, timers around the dispatch points)",
+        "### Where the time goes (ms per step, timers around the kernel backend's methods)",
         "",
     ]
     keys = list(next(iter(breakdown.values())).keys())
