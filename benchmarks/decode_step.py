@@ -35,20 +35,18 @@ import torch
 from preheat.engine import SamplingParams
 from preheat.engine.config import EngineConfig
 from preheat.engine.engine import Engine
-from preheat.engine.kernels import attention, fused, linear
 
 RESULTS = Path(__file__).parent / "results"
 STORY = "Write a long story about a lighthouse keeper who finds a message in a bottle. " * 40
 
 
 @contextlib.contextmanager
-def backend(name: str, device: torch.device):
-    """Binds the process-wide dispatch (attention, element-wise) to one side's backend; each
-    engine's matrices already carry the form their backend packed them in."""
+def backend(name: str):
+    """Has the engine built inside choose `name` as its kernel backend; the engine keeps that
+    backend object (engine.kernels), so its later steps need nothing of this."""
     before = os.environ.get("PREHEAT_ATTENTION_BACKEND")
     os.environ["PREHEAT_ATTENTION_BACKEND"] = name
     try:
-        attention.set_backend(device)
         yield
     finally:
         if before is None:
@@ -61,7 +59,7 @@ class EngineSide:
     def __init__(self, label: str, backend_name: str, **config) -> None:
         self.label = label
         self.backend_name = backend_name
-        with backend(backend_name, torch.device("cpu")):
+        with backend(backend_name):
             self.engine = Engine(EngineConfig(max_total_tokens=65536, max_num_seqs=64, **config))
         self.forward_times: list[float] = []
         runner = self.engine.runner
@@ -78,19 +76,17 @@ class EngineSide:
     def start(self, prompts: list[list[int]]) -> None:
         eng = self.engine
         params = SamplingParams(max_tokens=4000, temperature=0, ignore_eos=True)
-        with backend(self.backend_name, eng.device):
-            for p in prompts:
-                eng.add_request(p, params)
-            while eng.waiting or eng._inbox or any(s.num_computed < s.num_tokens - 1 for s in eng.running):
-                eng.step()
+        for p in prompts:
+            eng.add_request(p, params)
+        while eng.waiting or eng._inbox or any(s.num_computed < s.num_tokens - 1 for s in eng.running):
+            eng.step()
 
     def steps(self, n: int) -> list[float]:
         times = []
-        with backend(self.backend_name, self.engine.device):
-            for _ in range(n):
-                t0 = time.perf_counter()
-                self.engine.step()
-                times.append(time.perf_counter() - t0)
+        for _ in range(n):
+            t0 = time.perf_counter()
+            self.engine.step()
+            times.append(time.perf_counter() - t0)
         return times
 
     def stop(self) -> None:
@@ -147,14 +143,15 @@ def prompts_for(tokenizer, batch: int, context: int) -> list[list[int]]:
 
 
 def where_the_time_goes(side: EngineSide, prompts: list[list[int]], steps: int) -> dict[str, float]:
-    """Milliseconds per step by kind of work, from timers around the dispatch points (the
-    kernels release the GIL and run to completion, so wall time per call is their cost)."""
+    """Milliseconds per step by kind of work, from timers around the engine's kernel backend
+    methods (the kernels release the GIL and run to completion, so wall time per call is
+    their cost)."""
     acc: dict[str, float] = defaultdict(float)
     patched = []
     outer: list[str] = []  # the timed call we are inside, if any: nested calls count once
 
-    def wrap(module, name: str, kind: str) -> None:
-        inner = getattr(module, name)
+    def wrap(obj, name: str, kind: str) -> None:
+        inner = getattr(obj, name)
 
         def timed(*args, **kwargs):
             if outer and outer[-1] != "forward":
@@ -167,23 +164,27 @@ def where_the_time_goes(side: EngineSide, prompts: list[list[int]], steps: int) 
                 acc[kind] += time.perf_counter() - t0
                 outer.pop()
 
-        setattr(module, name, timed)
-        patched.append((module, name, inner))
+        patched.append((obj, name, vars(obj).get(name)))
+        setattr(obj, name, timed)
 
     side.start(prompts)
     side.steps(2)
     model = side.engine.model
     wrap(model, "forward", "forward")
     wrap(model, "logits", "LM head (logits of the sampled rows)")
-    wrap(linear, "apply", "matrix multiplies (layers)")
-    wrap(attention, "decode_attention", "attention")
+    kernels = side.engine.kernels  # the object every layer of the model calls
+    wrap(kernels, "apply_linear", "matrix multiplies (layers)")
+    wrap(kernels, "decode_attention", "attention")
     for name in ("rms_norm", "silu_mul", "rope_write_kv"):
-        wrap(fused, name, "norm / rope + KV write / SiLU")
+        wrap(kernels, name, "norm / rope + KV write / SiLU")
     try:
         times = side.steps(steps)
     finally:
-        for module, name, inner in reversed(patched):
-            setattr(module, name, inner)
+        for obj, name, own in reversed(patched):  # the instance's own attribute, or none
+            if own is None:
+                delattr(obj, name)
+            else:
+                setattr(obj, name, own)
         side.stop()
     total = sum(times)
     forward = acc.pop("forward")
@@ -198,12 +199,11 @@ def where_the_time_goes(side: EngineSide, prompts: list[list[int]], steps: int) 
 
 def batch1_tokens_per_s(side: EngineSide, prompt: list[int], tokens: int) -> float:
     eng = side.engine
-    with backend(side.backend_name, eng.device):
-        eng.add_request(prompt, SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True))
-        stamps = []
-        while eng.has_unfinished():
-            for out in eng.step():
-                stamps.extend([time.perf_counter()] * len(out.new_token_ids))
+    eng.add_request(prompt, SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True))
+    stamps = []
+    while eng.has_unfinished():
+        for out in eng.step():
+            stamps.extend([time.perf_counter()] * len(out.new_token_ids))
     if eng.radix is not None:
         eng.radix.reset()
     return (len(stamps) - 1) / (stamps[-1] - stamps[0])
@@ -337,7 +337,7 @@ def render(args, results, forward, breakdown, b1, sides, dense, gguf, ours) -> s
         "and the last token as each side streams them (llama.cpp: `create_completion(stream=True)`, "
         f"n_threads={torch.get_num_threads()}).",
         "",
-        "### Where the time goes (ms per step, timers around the dispatch points)",
+        "### Where the time goes (ms per step, timers around the kernel backend's methods)",
         "",
     ]
     keys = list(next(iter(breakdown.values())).keys())

@@ -13,6 +13,7 @@ graphs are captured last, over the real pool.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ from preheat.engine.distributed.comm import all_reduce
 from preheat.engine.distributed.driver import DrivenModel
 from preheat.engine.distributed.launcher import TensorParallel
 from preheat.engine.dtypes import torch_dtype
-from preheat.engine.kernels import attention
+from preheat.engine.kernels.backend import KernelBackend, select_backend
 from preheat.engine.kv.cache_manager import KVCacheManager
 from preheat.engine.kv.pool import KVPool, available_memory_bytes, pool_pages
 from preheat.engine.kv.radix import RadixCache
@@ -36,7 +37,7 @@ from preheat.engine.model.loader import load_model
 from preheat.engine.model.quantize import quantize_weights
 from preheat.engine.model.spec import ModelSpec
 from preheat.engine.request.builder import RequestBuilder, default_stop_ids
-from preheat.engine.runner import ModelRunner
+from preheat.engine.runner import ModelRunner, run_prompt
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +87,7 @@ class LoadedModel:
     hf_dir: str | None  # lets benchmarks and tests load the same weights in transformers
     attention_backend: str
     load_seconds: float
+    kernels: KernelBackend  # the kernel backend object the model was built with
 
 
 @dataclass
@@ -138,7 +140,8 @@ def _assemble(config: EngineConfig, device: torch.device, dtype: torch.dtype, tp
     if pool.scales is not None and not tp:  # fp8 KV: per-layer scales, calibrated
         from preheat.engine.kv.fp8_calibration import calibrate_kv_scales
 
-        pool.set_scales(calibrate_kv_scales(loaded.model, loaded.tokenizer, spec, device, dtype, kv_dtype,
+        prefill = functools.partial(run_prompt, loaded.model, device)
+        pool.set_scales(calibrate_kv_scales(prefill, loaded.tokenizer, spec, device, dtype, kv_dtype,
                                             config.page_size))
     if tp:
         loaded.model = DrivenModel(loaded.model, tp)
@@ -184,18 +187,18 @@ def load(config: EngineConfig, device: torch.device, dtype: torch.dtype, tp: Ten
     moe_backend = select_moe_backend(device) if spec.moe is not None else "torch"
     # Before the model is built: the backend decides the weights' form (packed for the
     # CPU kernels, plain tensors elsewhere).
-    backend = attention.set_backend(device)
+    kernels = select_backend(device)
     weights = loaded.weights
     if config.quantization:
         weights = quantize_weights(weights, spec, loaded.source, config.quantization)
     model = build_model(
-        spec, loaded.hf_config, weights, device, dtype, moe_backend,
+        spec, loaded.hf_config, weights, device, dtype, moe_backend, backend=kernels,
         **({"sharder": tp.sharder(spec), "reduce": all_reduce} if tp else {}),
     )  # fmt: skip
     del weights  # the model holds what it needs; drop the checkpoint's own tensors
     result = LoadedModel(
         model, loaded.hf_config, spec, loaded.tokenizer, config.served_model_name or loaded.served_name,
-        loaded.weights_id, loaded.from_cache, loaded.hf_dir, backend, time.monotonic() - started,
+        loaded.weights_id, loaded.from_cache, loaded.hf_dir, kernels.name, time.monotonic() - started, kernels,
     )
     del loaded
     log.info(
@@ -204,7 +207,7 @@ def load(config: EngineConfig, device: torch.device, dtype: torch.dtype, tp: Ten
         result.served_model_name, spec.architecture, spec.num_layers, spec.num_heads,
         spec.num_kv_heads, spec.head_dim, device, str(dtype).removeprefix("torch."),
         f" with {config.quantization} weights" if config.quantization else "",
-        f", tensor parallel over {tp.size} ranks" if tp else "", backend, result.load_seconds,
+        f", tensor parallel over {tp.size} ranks" if tp else "", kernels.name, result.load_seconds,
     )
     return result
 

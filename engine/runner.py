@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import torch
 
@@ -275,3 +276,14 @@ def merge_rows(rows: list[SampleResult | BaseException]) -> SampleResult:
         logprobs.append(r.logprobs[0] if good and r.logprobs is not None else 0.0)
         tops.append(r.top_logprobs[0] if good and r.top_logprobs is not None else [])
     return SampleResult(token_ids, logprobs if want_logprobs else None, tops if want_logprobs else None, failed)
+
+
+def run_prompt(model: DecoderModel, device: torch.device, pool: KVPool, token_ids: list[int],
+               pages: list[int]) -> None:  # fmt: skip
+    """Computes a prompt's KV (every token, from position 0) into `pool` at `pages`; nothing
+    is sampled. fp8 KV calibration (engine/kv/fp8_calibration.py) is handed it as a callable,
+    so engine/kv does not import the runner."""
+    seq = SimpleNamespace(all_token_ids=token_ids, pages=pages)
+    input_ids, meta = ModelRunner(model, pool, device, None).prepare([], [BatchEntry(seq, 0, len(token_ids), False)])
+    with torch.inference_mode():
+        model.forward(input_ids, meta, pool)

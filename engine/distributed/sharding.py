@@ -19,34 +19,27 @@ small next to the layers of a model that needs tensor parallelism — and saves 
 
 A bias of a row-parallel layer (o_proj, down_proj) is added on rank 0 only, so the all-reduce
 adds it once.
+
+`Sharder` implements engine/model/sharding.py's protocol of the same name (the model builder
+reads weights through it); with one rank it is that module's `WholeWeights`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from preheat.engine.kernels.int8 import BLOCK, QuantizedWeight, cat_rows
+from preheat.engine.kernels.int8 import BLOCK
+from preheat.engine.model.sharding import HeadSplit, Weight, WholeWeights
+from preheat.engine.model.sharding import concat_rows as _cat
 from preheat.engine.model.spec import ModelSpec
 
-Weight = torch.Tensor | QuantizedWeight  # a matrix in --dtype, or int8 (--quantization int8)
+__all__ = ["HeadSplit", "Sharder", "TensorParallelError", "Weight", "check_tp_size", "head_split",
+           "kv_head_sources", "local_kv_heads"]
 
 
 class TensorParallelError(ValueError):
     """A model / --tensor-parallel-size combination that cannot be sharded; the message says
     which count does not divide."""
-
-
-@dataclass(frozen=True)
-class HeadSplit:
-    """One rank's heads: query heads [q_start, q_start + q_count), KV heads
-    [kv_start, kv_start + kv_count)."""
-
-    q_start: int
-    q_count: int
-    kv_start: int
-    kv_count: int
 
 
 def check_tp_size(spec: ModelSpec, size: int, quantization: str | None = None) -> None:
@@ -111,15 +104,10 @@ def _part(t: Weight, dim: int, start: int, count: int) -> Weight:
     return t.narrow(dim, start, count)
 
 
-def _cat(parts: list[Weight]) -> Weight:
-    """Rows stacked: int8 weights' blocks run along the input, so their rows stack freely."""
-    return cat_rows(parts) if isinstance(parts[0], QuantizedWeight) else torch.cat(parts)
-
-
-class Sharder:
+class Sharder(WholeWeights):
     """Cuts checkpoint tensors (transformers layout: a Linear weight is [out, in]) into one
-    rank's slice. With size 1 every method returns the whole (concatenated) tensor, so the
-    model builder has one code path."""
+    rank's slice. With size 1 every method returns the whole (concatenated) tensor, as
+    WholeWeights does."""
 
     def __init__(self, spec: ModelSpec, size: int = 1, rank: int = 0) -> None:
         if size > 1:
@@ -132,7 +120,7 @@ class Sharder:
     def qkv(self, q: Weight, k: Weight, v: Weight) -> Weight:
         """The fused q/k/v rows (weights or biases) of this rank's heads."""
         if self.size == 1:
-            return _cat([q, k, v])
+            return super().qkv(q, k, v)
         hd, s = self.head_dim, self.heads
         return _cat([
             _part(q, 0, s.q_start * hd, s.q_count * hd),
@@ -143,7 +131,7 @@ class Sharder:
     def o(self, w: Weight) -> Weight:
         """o_proj's input columns of this rank's query heads."""
         if self.size == 1:
-            return w
+            return super().o(w)
         return _part(w, 1, self.heads.q_start * self.head_dim, self.heads.q_count * self.head_dim).contiguous()
 
     def _width(self, full: int) -> tuple[int, int]:
@@ -153,14 +141,14 @@ class Sharder:
     def gate_up(self, gate: Weight, up: Weight) -> Weight:
         """Fused gate/up rows (weights or biases) of this rank's slice of the MLP width."""
         if self.size == 1:
-            return _cat([gate, up])
+            return super().gate_up(gate, up)
         start, n = self._width(gate.shape[0])
         return _cat([_part(gate, 0, start, n), _part(up, 0, start, n)])
 
     def down(self, w: Weight) -> Weight:
         """down_proj's input columns of this rank's slice of the MLP width."""
         if self.size == 1:
-            return w
+            return super().down(w)
         start, n = self._width(w.shape[1])
         return _part(w, 1, start, n).contiguous()
 
@@ -168,7 +156,7 @@ class Sharder:
         """Every expert's slice: w13 [E, 2I, H] -> [E, 2I/N, H] (gate rows, then up rows),
         w2 [E, H, I] -> [E, H, I/N]."""
         if self.size == 1:
-            return w13, w2
+            return super().experts(w13, w2)
         width = w2.shape[2]
         start, n = self._width(width)
         gate_up = torch.cat([_part(w13, 1, start, n), _part(w13, 1, width + start, n)], dim=1)

@@ -66,7 +66,7 @@ def run(args: dict[str, Any]) -> None:
     from preheat.engine.distributed.messages import Op, decode_values, unpack_step
     from preheat.engine.distributed.sharding import Sharder, local_kv_heads
     from preheat.engine.dtypes import torch_dtype
-    from preheat.engine.kernels import attention
+    from preheat.engine.kernels.backend import select_backend
     from preheat.engine.kv.pool import KVPool
     from preheat.engine.model.build import build_model, select_moe_backend
 
@@ -90,11 +90,10 @@ def run(args: dict[str, Any]) -> None:
         source = model_args["source"] or default_model_path()  # a GGUF's own blocks, as rank 0 reads them
         tensors = quantize_weights(tensors, spec, source, model_args["quantization"])
     moe_backend = select_moe_backend(device) if spec.moe is not None else "torch"
-    # Before the build, as on rank 0: the backend decides the weights' form (packed for the
-    # CPU kernels) and whether rows are padded, which every rank's all-reduces must agree on.
-    attention.set_backend(device)
+    # The kernel backend, chosen as rank 0 chooses it: it decides the weights' form (packed for
+    # the CPU kernels) and whether rows are padded, which every rank's all-reduces must agree on.
     model = build_model(spec, hf_config, tensors, device, dtype, moe_backend, sharder=Sharder(spec, size, rank),
-                        reduce=all_reduce)  # fmt: skip
+                        reduce=all_reduce, backend=select_backend(device))  # fmt: skip
     del tensors
     store.set(f"{STORE_PREFIX}loaded/{rank}", "1")
     comm = Comm.init(store, rank, size, device, float(args["timeout_s"]))

@@ -10,6 +10,9 @@ the decode problem once per new token: token j of a sequence with p cached token
 p + j + 1 keys. `plan_short_extend` turns it into decode rows (the page-table row repeated,
 one length per token), so it runs on the same kernel. Long extends (prompt chunks) stay on
 the SDPA paths (engine/kernels/batched_extend.py, reference.py).
+
+Every function that runs a kernel takes the kernels module (engine/kernels/cpu_ext.py's
+build) as its first argument; engine/kernels/cpu_backend.py holds it.
 """
 
 from __future__ import annotations
@@ -24,20 +27,13 @@ from preheat.engine.kernels import kv_fp8, reference
 # New tokens per sequence up to which an extend runs as decode rows.
 SHORT_EXTEND = 16
 
-_kernels: ModuleType | None = None
 
-
-def use_kernels(module: ModuleType | None) -> None:
-    global _kernels
-    _kernels = module
-
-
-def _eligible(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
+def eligible(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    """Whether the kernel takes these queries and this cache (else the reference runs)."""
     num_heads, hd = q.shape[1:]
     kvh = k_cache.shape[2]
     return (
-        _kernels is not None
-        and q.device.type == "cpu"
+        q.device.type == "cpu"
         and q.dtype in (torch.float32, torch.bfloat16)
         and (k_cache.dtype == q.dtype or kv_fp8.is_fp8_kv(k_cache))
         and hd % 16 == 0
@@ -47,18 +43,18 @@ def _eligible(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
     )
 
 
-def decode_attention(q, k_cache, v_cache, page_table, seq_lens, scale) -> torch.Tensor:
+def decode_attention(kernels: ModuleType, q, k_cache, v_cache, page_table, seq_lens, scale) -> torch.Tensor:
     """q [B, H, hd] -> [B, H, hd]; see docs/engine-internals.md for the layouts."""
-    if not _eligible(q, k_cache):
+    if not eligible(q, k_cache):
         return reference.decode_attention(q, k_cache, v_cache, page_table, seq_lens, scale)
     if q.stride(-1) != 1:
         q = q.contiguous()
     ks, vs = kv_fp8.scale_of(k_cache), kv_fp8.scale_of(v_cache)
     if ks is None:
-        return _kernels.decode_attention(q, k_cache, v_cache, page_table, seq_lens.to(torch.int32), scale)
+        return kernels.decode_attention(q, k_cache, v_cache, page_table, seq_lens.to(torch.int32), scale)
     # An fp8 cache is read in place; its scales are folded into the kernel's (see kv_fp8.py).
-    return _kernels.decode_attention(q, k_cache, v_cache, page_table, seq_lens.to(torch.int32), scale,
-                                     float(ks), float(vs))
+    return kernels.decode_attention(q, k_cache, v_cache, page_table, seq_lens.to(torch.int32), scale,
+                                    float(ks), float(vs))
 
 
 @dataclass
@@ -73,8 +69,8 @@ def plan_short_extend(
     page_table: torch.Tensor | None, prefix_lens: list[int], extend_lens: list[int]
 ) -> ShortExtend | None:
     """The decode-row form of an extend whose sequences each bring <= SHORT_EXTEND tokens,
-    or None (a long extend, or no kernels)."""
-    if _kernels is None or page_table is None or not extend_lens or max(extend_lens) > SHORT_EXTEND:
+    or None (a long extend)."""
+    if page_table is None or not extend_lens or max(extend_lens) > SHORT_EXTEND:
         return None
     counts = torch.tensor(extend_lens, dtype=torch.int64)
     rows = torch.repeat_interleave(torch.arange(len(extend_lens)), counts)
@@ -85,12 +81,13 @@ def plan_short_extend(
     )
 
 
-def short_extend(q, k_cache, v_cache, plan: ShortExtend, scale) -> torch.Tensor:
-    return decode_attention(q, k_cache, v_cache, plan.page_table, plan.seq_lens, scale)
+def short_extend(kernels: ModuleType, q, k_cache, v_cache, plan: ShortExtend, scale) -> torch.Tensor:
+    return decode_attention(kernels, q, k_cache, v_cache, plan.page_table, plan.seq_lens, scale)
 
 
-def extend_attention(q, k_cache, v_cache, page_table, prefix_lens, extend_lens, scale) -> torch.Tensor:
+def extend_attention(kernels: ModuleType, q, k_cache, v_cache, page_table, prefix_lens, extend_lens,
+                     scale) -> torch.Tensor:  # fmt: skip
     plan = plan_short_extend(page_table, [int(p) for p in prefix_lens], [int(e) for e in extend_lens])
-    if plan is not None and _eligible(q, k_cache):
-        return short_extend(q, k_cache, v_cache, plan, scale)
+    if plan is not None and eligible(q, k_cache):
+        return short_extend(kernels, q, k_cache, v_cache, plan, scale)
     return reference.extend_attention(q, k_cache, v_cache, page_table, prefix_lens, extend_lens, scale)

@@ -1,40 +1,22 @@
-"""The one dispatch point for a layer's element-wise work: RMSNorm, the SiLU gate, and rotary
-embedding together with the KV-cache write.
+"""A layer's element-wise work in PyTorch: RMSNorm, the SiLU gate, and the rotary step of the
+fused q/k/v projection. Pure functions, the reference every backend is checked against.
 
-The PyTorch versions here are the reference (and the GPU path, unchanged); with the CPU
-kernels each is one call doing one pass over its rows instead of a handful of tensor ops
-(the rotary one also writes K and V into the pool, so the step needs no separate write).
-Both round in bfloat16 exactly where the other rounds, so they agree to the last bit up to
-float32 summation order.
+These are the PyTorch backend's (engine/kernels/torch_backend.py) and the GPU path's
+(unchanged); the CPU backend (engine/kernels/cpu_backend.py) runs each as one C++ pass over
+its rows instead of a handful of tensor ops, rounding in bfloat16 exactly where these round,
+so both agree to the last bit up to float32 summation order.
 """
 
 from __future__ import annotations
 
-from types import ModuleType
-
 import torch
 import torch.nn.functional as F
 
-from preheat.engine.kernels import attention
-from preheat.engine.model.rope import apply_rope
-
-_kernels: ModuleType | None = None
-
-
-def use_kernels(module: ModuleType | None) -> None:
-    """Called by attention.set_backend: the CPU kernels module, or None for PyTorch."""
-    global _kernels
-    _kernels = module
-
-
-def _kernel_dtype(t: torch.Tensor) -> bool:
-    return _kernels is not None and t.device.type == "cpu" and t.dtype in (torch.float32, torch.bfloat16)
+from preheat.engine.kernels.rope import apply_rope
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """transformers' Llama RMSNorm: normalise in float32, cast back, then scale."""
-    if _kernel_dtype(x) and x.dim() == 2 and x.stride(-1) == 1 and weight.dim() == 1 and weight.dtype == x.dtype:
-        return _kernels.rms_norm(x, weight, eps)
     # torch's fused rms_norm gives bit-identical results with half the kernel launches.
     # `weight` broadcasts over the last dimensions of x (a [heads, head_dim] weight scales
     # each head by its own).
@@ -43,27 +25,22 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up for gate_up = [gate | up] along the last dimension."""
-    if _kernel_dtype(gate_up) and gate_up.dim() == 2 and gate_up.stride(-1) == 1:
-        return _kernels.silu_mul(gate_up)
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
 
 
 class RopeInputs:
-    """What every layer's rotary step needs for one forward pass, worked out once."""
+    """What every layer's rotary step needs for one forward pass, worked out once (a
+    backend's `rope_inputs` makes it: only it knows whether its kernel reads a table)."""
 
-    def __init__(self, rope, positions: torch.Tensor, head_dim: int) -> None:
-        """`rope` is the model's RotaryEmbedding: rope(positions) -> (cos, signed sin), and
-        rope.table(n) -> [n, 2 * head_dim] rows of both for positions 0..n-1."""
+    def __init__(self, rope, positions: torch.Tensor, head_dim: int, use_kernel: bool = False) -> None:
+        """`rope` is the model's RotaryEmbedding (engine/kernels/rope.py): rope(positions) ->
+        (cos, signed sin), and rope.table(n) -> [n, 2 * head_dim] rows of both for positions
+        0..n-1, which a kernel (`use_kernel`) looks up instead."""
         self.positions = positions
-        self.use_kernel = (
-            _kernels is not None
-            and positions.device.type == "cpu"
-            and rope.dtype in (torch.float32, torch.bfloat16)
-            and head_dim % 32 == 0
-        )
+        self.use_kernel = use_kernel
         self._rope = rope
-        if self.use_kernel:
+        if use_kernel:
             self.table = rope.table(int(positions.max()) + 1 if positions.numel() else 1)
         else:
             self.cos, self.sin = rope(positions)
@@ -76,25 +53,18 @@ class RopeInputs:
         return self.cos, self.sin
 
 
-def rope_write_kv(
-    qkv: torch.Tensor, rows: int, rope: RopeInputs, k_cache: torch.Tensor, v_cache: torch.Tensor,
-    slots: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int, qk: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Rotates the q and k parts of a fused qkv projection [T, (H + 2 KVH) D], writes k and v
-    of the first `rows` rows into the caches at `slots`; returns q [rows, H, D]. `qk`, when
-    given ([T, H + KVH, D], e.g. after Qwen3's per-head norm), replaces qkv's q and k."""
+def rotate_qkv(
+    qkv: torch.Tensor, rows: int, rope: RopeInputs, num_heads: int, num_kv_heads: int, head_dim: int,
+    qk: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The rotary step of a fused qkv projection [T, (H + 2 KVH) D]: (q [rows, H, D] and
+    k [rows, KVH, D] rotated, v [rows, KVH, D]). `qk`, when given ([T, H + KVH, D], e.g.
+    after Qwen3's per-head norm), replaces qkv's q and k."""
     q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
-    if rope.use_kernel and qkv.dtype == k_cache.dtype and qkv.stride(-1) == 1 and k_cache.is_contiguous():
-        if qk is not None:
-            qkv = torch.cat((qk.reshape(qkv.shape[0], q_size + kv_size), qkv[:, q_size + kv_size :]), dim=1)
-        return _kernels.rope_kv(
-            qkv, rows, num_heads, num_kv_heads, rope.table, rope.positions, slots, k_cache, v_cache
-        )
     if qk is None:
         qk = qkv[:, : q_size + kv_size].view(-1, num_heads + num_kv_heads, head_dim)
     # q and k rotated in one pass (half the ops per layer).
     qk = apply_rope(qk, *rope.cos_sin())
     q, k = qk[:rows].split([num_heads, num_kv_heads], dim=1)
     v = qkv[:rows, q_size + kv_size :].view(-1, num_kv_heads, head_dim)
-    attention.write_kv(k_cache, v_cache, k, v, slots)
-    return q
+    return q, k, v

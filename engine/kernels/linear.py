@@ -1,11 +1,12 @@
-"""The one dispatch point for the model's linear layers (activations x weight matrix).
+"""The model's linear layers (activations x weight matrix), as pure functions.
 
-`prepare` turns a weight, dense or int8-quantized (engine/kernels/int8.py), into the form the
-chosen backend reads, once at load; `apply` multiplies. With the CPU kernels
-(engine/kernels/cpu_ext.py) a bfloat16 weight is packed for vdpbf16ps and an int8 weight for
-vpdpwssd, and one kernel call does the product, the bias and the residual add. Elsewhere
-(GPU, float32, a CPU without AVX-512 BF16/VNNI) it is F.linear, exactly as before: the GPU
-path does not change.
+`prepare` turns a weight, dense or int8-quantized (engine/kernels/int8.py), into the form a
+backend reads, once at load; `apply` multiplies. Given the CPU kernels module
+(engine/kernels/cpu_ext.py; the CPU backend passes it) a bfloat16 weight is packed for
+vdpbf16ps and an int8 weight for vpdpwssd, and one kernel call does the product, the bias
+and the residual add. Without it (GPU, float32, a CPU without AVX-512 BF16/VNNI) it is
+F.linear, exactly as before: the GPU path does not change. A packed weight keeps the module
+that packed it, so `apply` needs no backend.
 """
 
 from __future__ import annotations
@@ -17,18 +18,6 @@ import torch
 import torch.nn.functional as F
 
 from preheat.engine.kernels import int8
-
-_kernels: ModuleType | None = None
-
-
-def use_kernels(module: ModuleType | None) -> None:
-    """Called by attention.set_backend: the CPU kernels module, or None for PyTorch."""
-    global _kernels
-    _kernels = module
-
-
-def kernels_active() -> bool:
-    return _kernels is not None
 
 
 @dataclass
@@ -56,20 +45,22 @@ class LinearWeight:
 
 
 def prepare(
-    weight: torch.Tensor | int8.QuantizedWeight, bias: torch.Tensor | None, dtype: torch.dtype
+    weight: torch.Tensor | int8.QuantizedWeight, bias: torch.Tensor | None, dtype: torch.dtype,
+    kernels: ModuleType | None = None,
 ) -> LinearWeight:
-    """The backend's form of one weight. `dtype` is the activations' (the model's) dtype."""
+    """The form of one weight that `apply` multiplies by: packed for `kernels` (the CPU
+    kernels module) where they take it, else plain. `dtype` is the activations' (the model's)."""
     if isinstance(weight, int8.QuantizedWeight):
         n, k = weight.shape
-        if _kernels is not None and weight.codes.device.type == "cpu" and dtype in (torch.float32, torch.bfloat16):
+        if kernels is not None and weight.codes.device.type == "cpu" and dtype in (torch.float32, torch.bfloat16):
             codes, scales = int8.pack(weight)
-            return LinearWeight(n, k, "int8", packed=codes, scales=scales, bias=bias, kernels=_kernels)
+            return LinearWeight(n, k, "int8", packed=codes, scales=scales, bias=bias, kernels=kernels)
         return LinearWeight(n, k, "int8-reference", weight=int8.dequantize(weight), bias=bias)
     n, k = weight.shape
-    if _kernels is not None and weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and k % 2 == 0:
+    if kernels is not None and weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and k % 2 == 0:
         nb = -(-n // 16)
         packed = F.pad(weight, (0, 0, 0, nb * 16 - n)).reshape(nb, 16, k // 2, 2).permute(0, 2, 1, 3).contiguous()
-        return LinearWeight(n, k, "bf16", packed=packed, bias=bias, kernels=_kernels)
+        return LinearWeight(n, k, "bf16", packed=packed, bias=bias, kernels=kernels)
     return LinearWeight(n, k, "dense", weight=weight, bias=bias)
 
 

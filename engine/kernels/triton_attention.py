@@ -258,5 +258,5 @@ def decode_attention_triton(
     return out
 
 
-# The name attention.py's dispatch table binds (same signature as reference.decode_attention).
+# The name TritonBackend binds (engine/kernels/triton_backend.py; reference.decode_attention's signature).
 decode_attention = decode_attention_triton

@@ -4,7 +4,7 @@ Triton is an optional extra (`pip install "preheat[gpu]"`). The kernel modules d
 kernels with `@triton.jit` at import time; importing them must still work without it (a CPU
 install imports every module: tooling, docs, `preheat serve --help`), and only launching a
 kernel, or any other use of Triton, raises an ImportError that says how to install it.
-attention.py never picks the Triton backend when Triton is missing (backend.py checks).
+backend.py never picks the Triton backend when Triton is missing.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ fp8: when the cache dtype is float8_e4m3fn, each value is divided by the per-ten
 (a float32 [1] tensor, see kv_fp8.py), clamped to ±448, rounded to nearest even and cast:
 bit-identical to kv_fp8.quantize_fp8. Other cache dtypes are a plain cast.
 
-Import this module only where Triton is importable (attention.py decides); tests run it on
+Import this module only where Triton is importable (backend.py decides); tests run it on
 CPU with TRITON_INTERPRET=1 set before the import.
 """
 
@@ -134,5 +134,5 @@ def write_kv_triton(
     )
 
 
-# The name attention.py's dispatch table binds (same signature as reference.write_kv).
+# The name TritonBackend binds (engine/kernels/triton_backend.py; reference.write_kv's signature).
 write_kv = write_kv_triton

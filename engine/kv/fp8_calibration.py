@@ -9,7 +9,7 @@ scales, so they can go into the model fingerprint and snapshots / L3 pages move 
 from __future__ import annotations
 
 import logging
-from types import SimpleNamespace
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -18,6 +18,10 @@ from preheat.engine.kernels.kv_fp8 import power_of_two_scale
 from preheat.engine.kv.pool import KVPool
 
 log = logging.getLogger(__name__)
+
+# prefill(pool, token_ids, pages): the model computes the tokens' KV (from position 0) into
+# `pool` at `pages`. The engine passes engine/runner.py's run_prompt bound to its model.
+Prefill = Callable[[KVPool, list[int], list[int]], None]
 
 CALIBRATION_TEXT = (
     "The quick brown fox jumps over the lazy dog. A customer writes: my order NW-20481377 has "
@@ -28,19 +32,14 @@ CALIBRATION_TEXT = (
 )
 
 
-def calibrate_kv_scales(model: Any, tokenizer: Any, spec: Any, device: torch.device, dtype: torch.dtype,
+def calibrate_kv_scales(prefill: Prefill, tokenizer: Any, spec: Any, device: torch.device, dtype: torch.dtype,
                         fp8_dtype: torch.dtype, page_size: int) -> torch.Tensor:
-    """Scales [num_layers, 2] (K, V) for an fp8 pool of `fp8_dtype`."""
-    from preheat.engine.runner import BatchEntry, ModelRunner
-
+    """Scales [num_layers, 2] (K, V) for an fp8 pool of `fp8_dtype`, from the text's KV in a
+    pool of the model's `dtype` (page 0 stays the scratch page)."""
     ids = list(tokenizer.encode(CALIBRATION_TEXT))
     pages = -(-len(ids) // page_size)
     pool = KVPool(spec.num_layers, spec.num_kv_heads, spec.head_dim, pages + 1, page_size, dtype, device)
-    seq = SimpleNamespace(all_token_ids=ids, pages=list(range(1, pages + 1)))
-    runner = ModelRunner(model, pool, device, None)
-    input_ids, meta = runner.prepare([], [BatchEntry(seq, 0, len(ids), False)])
-    with torch.inference_mode():
-        model.forward(input_ids, meta, pool)
+    prefill(pool, ids, list(range(1, pages + 1)))
     amax = pool.kv[:, :, 1:].abs().amax(dim=(2, 3, 4, 5)).float().cpu()  # [L, 2]
     scales = torch.tensor([[power_of_two_scale(float(a), fp8_dtype) for a in row] for row in amax])
     log.info("fp8 KV scales calibrated on %d tokens: K %s..%s, V %s..%s", len(ids),

@@ -15,13 +15,14 @@ from typing import Any
 
 import torch
 
-from preheat.engine.distributed.sharding import Sharder
-from preheat.engine.kernels.backend import choose_backend
+from preheat.engine.kernels.backend import KernelBackend, choose_backend
 from preheat.engine.kernels.int8 import QuantizedWeight
+from preheat.engine.kernels.torch_backend import TorchBackend
 from preheat.engine.model.decoder import DecoderLayer, DecoderModel, Reduce
 from preheat.engine.model.layers import Attention, DenseMLP
 from preheat.engine.model.moe import ExpertsFn, SparseMoE, grouped_experts_torch
 from preheat.engine.model.rope import RotaryEmbedding, rope_inv_freq
+from preheat.engine.model.sharding import Sharder, WholeWeights
 from preheat.engine.model.spec import ModelSpec
 
 log = logging.getLogger(__name__)
@@ -32,14 +33,18 @@ MOE_BACKEND_ENV = "PREHEAT_MOE_BACKEND"
 def build_model(
     spec: ModelSpec, hf_config: Any, hf: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype,
     moe_backend: str = "torch", sharder: Sharder | None = None, reduce: Reduce | None = None,
+    backend: KernelBackend | None = None,
 ) -> DecoderModel:  # fmt: skip
-    """The model on `device`. `moe_backend` ("torch" or "triton", see choose_moe_backend)
-    picks the experts implementation; it only matters for models with experts. A
-    tensor-parallel rank passes its `sharder` (which slice of each weight it holds; sliced
+    """The model on `device`. `backend` is the kernel backend every part runs on
+    (engine/kernels/backend.py's select_backend; default the PyTorch reference): it decides
+    the linear weights' form, so it is fixed here. `moe_backend` ("torch" or "triton", see
+    choose_moe_backend) picks the experts implementation; it only matters for models with
+    experts. A tensor-parallel rank passes its `sharder` (which slice of each weight it holds; sliced
     on the host, so only the slice reaches the device) and `reduce` (the all-reduce after
     o_proj and down_proj, engine/distributed/sharding.py)."""
     experts_fn, graphs_off = _experts_impl(moe_backend) if spec.moe is not None else (grouped_experts_torch, None)
-    shard = sharder or Sharder(spec)
+    shard = sharder or WholeWeights(spec)
+    kernels = backend or TorchBackend()
 
     def get(name: str) -> torch.Tensor:
         return hf[name].to(device)
@@ -64,6 +69,7 @@ def build_model(
             k_norm=get(a + "k_norm.weight") if spec.qk_norm else None,
             norm_eps=spec.rms_norm_eps,
             dtype=dtype,
+            backend=kernels,
         )  # fmt: skip
         if spec.is_sparse(i):
             mlp: DenseMLP | SparseMoE = _sparse_moe(spec, hf, p, device, experts_fn, shard)
@@ -75,10 +81,11 @@ def build_model(
                 shard.gate_up(hf[m + "gate_proj.bias"], hf[m + "up_proj.bias"]).to(device) if spec.mlp_bias else None,
                 shard.reduced_bias(get(m + "down_proj.bias")) if spec.mlp_bias else None,
                 dtype=dtype,
+                backend=kernels,
             )
         layers.append(
             DecoderLayer(get(p + "input_layernorm.weight"), attn, get(p + "post_attention_layernorm.weight"), mlp,
-                         spec.rms_norm_eps, reduce)
+                         spec.rms_norm_eps, reduce, kernels)
         )  # fmt: skip
     embed = get("model.embed_tokens.weight")
     # A quantized LM head arrives as "lm_head.weight" even when tied (engine/model/quantize.py):
@@ -87,7 +94,7 @@ def build_model(
     lm_head = embed if spec.tie_word_embeddings and not isinstance(head, QuantizedWeight) else get("lm_head.weight")
     inv_freq, scaling = rope_inv_freq(hf_config, spec.head_dim)
     rope = RotaryEmbedding(inv_freq.to(device), scaling, dtype)
-    return DecoderModel(spec, embed, layers, get("model.norm.weight"), lm_head, rope, graphs_off)
+    return DecoderModel(spec, embed, layers, get("model.norm.weight"), lm_head, rope, graphs_off, kernels)
 
 
 def _sparse_moe(spec: ModelSpec, hf: dict[str, torch.Tensor], prefix: str, device: torch.device,

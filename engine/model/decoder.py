@@ -16,11 +16,12 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from preheat.engine.kernels import attention, fused, linear
+from preheat.engine.kernels.backend import KernelBackend
 from preheat.engine.kernels.int8 import QuantizedWeight
+from preheat.engine.kernels.rope import RotaryEmbedding
+from preheat.engine.kernels.torch_backend import TorchBackend
 from preheat.engine.model.layers import Attention, AttentionMetadata, DenseMLP, StepContext
 from preheat.engine.model.moe import SparseMoE
-from preheat.engine.model.rope import RotaryEmbedding
 from preheat.engine.model.spec import ModelSpec
 
 __all__ = ["AttentionMetadata", "DecoderLayer", "DecoderModel", "Reduce", "padded_rows"]
@@ -46,9 +47,10 @@ def padded_rows(n: int) -> int:
 class DecoderLayer:
     def __init__(
         self, input_norm: torch.Tensor, attn: Attention, post_norm: torch.Tensor, mlp: DenseMLP | SparseMoE, eps: float,
-        reduce: Reduce | None = None,
+        reduce: Reduce | None = None, backend: KernelBackend | None = None,
     ) -> None:  # fmt: skip
         self.input_norm, self.attn, self.post_norm, self.mlp, self.eps = input_norm, attn, post_norm, mlp, eps
+        self.backend = backend or TorchBackend()
         # Tensor parallel: o_proj and down_proj are row-parallel, so each rank's attention and
         # MLP outputs are partial sums; `reduce` all-reduces them before the residual add.
         self.reduce = reduce
@@ -57,13 +59,14 @@ class DecoderLayer:
         return [self.input_norm, self.post_norm, *self.attn.weights(), *self.mlp.weights()]
 
     def forward(self, h: torch.Tensor, ctx: StepContext, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+        norm = self.backend.rms_norm
         if self.reduce is None:
             # The residual adds happen inside the output projections (one pass fewer each).
-            h = self.attn.forward(fused.rms_norm(h, self.input_norm, self.eps), ctx, k_cache, v_cache, residual=h)
-            return self.mlp.forward(fused.rms_norm(h, self.post_norm, self.eps), residual=h)
+            h = self.attn.forward(norm(h, self.input_norm, self.eps), ctx, k_cache, v_cache, residual=h)
+            return self.mlp.forward(norm(h, self.post_norm, self.eps), residual=h)
         # Tensor parallel: each rank's output is a partial sum, all-reduced before the residual.
-        h = h + self.reduce(self.attn.forward(fused.rms_norm(h, self.input_norm, self.eps), ctx, k_cache, v_cache))
-        return h + self.reduce(self.mlp.forward(fused.rms_norm(h, self.post_norm, self.eps)))
+        h = h + self.reduce(self.attn.forward(norm(h, self.input_norm, self.eps), ctx, k_cache, v_cache))
+        return h + self.reduce(self.mlp.forward(norm(h, self.post_norm, self.eps)))
 
 
 class DecoderModel:
@@ -78,10 +81,13 @@ class DecoderModel:
         lm_head: torch.Tensor | QuantizedWeight,
         rope: RotaryEmbedding,
         graphs_off_reason: str | None = None,
+        backend: KernelBackend | None = None,
     ) -> None:
         self.spec = spec
         self.embed, self.layers, self.norm, self.rope = embed, layers, norm, rope
-        self.lm_head = linear.prepare(lm_head, None, embed.dtype)
+        # The kernels every part was built for (build_model hands the same one to each).
+        self.backend = backend or TorchBackend()
+        self.lm_head = self.backend.prepare_linear(lm_head, None, embed.dtype)
         # Why decode cannot be captured in a CUDA graph (the runner adds it to its own
         # reasons), e.g. experts on the torch path, which syncs with the host.
         self.graphs_off_reason = graphs_off_reason
@@ -95,7 +101,7 @@ class DecoderModel:
                 seen.add(id(t))
                 self.step_weight_bytes += t.numel() * t.element_size()
         # oneDNN builds a kernel per matrix shape (cuBLAS and our CPU kernels need none).
-        self.pad_rows = embed.device.type == "cpu" and not linear.kernels_active()
+        self.pad_rows = embed.device.type == "cpu" and self.backend.pad_cpu_rows
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, meta: AttentionMetadata, kv_pool) -> torch.Tensor:
@@ -107,18 +113,19 @@ class DecoderModel:
             input_ids = F.pad(input_ids, (0, pad))
             positions = F.pad(positions, (0, pad))
         h = F.embedding(input_ids, self.embed)
+        kernels = self.backend
         ctx = StepContext(
             meta=meta,
             rows=rows,
             padded_rows=rows + pad,
-            rope=fused.RopeInputs(self.rope, positions, self.spec.head_dim),
+            rope=kernels.rope_inputs(self.rope, positions, self.spec.head_dim),
             prepared_decode=(
-                attention.prepare_decode(meta.decode_page_table, meta.decode_seq_lens, kv_pool.page_size)
+                kernels.prepare_decode(meta.decode_page_table, meta.decode_seq_lens, kv_pool.page_size)
                 if meta.num_decode
                 else None
             ),
             prepared_extend=(
-                attention.prepare_extend(
+                kernels.prepare_extend(
                     meta.extend_page_table, meta.extend_prefix_lens, meta.extend_lens, kv_pool.page_size
                 )
                 if meta.extend_lens
@@ -127,11 +134,11 @@ class DecoderModel:
         )
         for index, layer in enumerate(self.layers):
             h = layer.forward(h, ctx, kv_pool.k(index), kv_pool.v(index))
-        return fused.rms_norm(h[:rows], self.norm, self.spec.rms_norm_eps)
+        return kernels.rms_norm(h[:rows], self.norm, self.spec.rms_norm_eps)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         rows = hidden.shape[0]
         pad = padded_rows(rows) - rows if self.pad_rows else 0
         if pad:
             hidden = F.pad(hidden, (0, 0, 0, pad))
-        return linear.apply(hidden, self.lm_head)[:rows].to(torch.float32)
+        return self.backend.apply_linear(hidden, self.lm_head)[:rows].to(torch.float32)

@@ -1,8 +1,9 @@
 """The parts of a decoder layer: RMSNorm, attention over the paged KV pool, the dense MLP.
 
-Each part holds its own weights and the head / width counts they imply, and takes everything
-per-step as arguments (no module-level state): a tensor-parallel rank holds the same classes
-with its slice of heads or width. The numerics follow transformers (RMSNorm in float32 then
+Each part holds its own weights, the head / width counts they imply and the kernel backend
+it was built for (engine/kernels/backend.py: the weights' form depends on it), and takes
+everything per-step as arguments (no module-level state): a tensor-parallel rank holds the
+same classes with its slice of heads or width. The numerics follow transformers (RMSNorm in float32 then
 cast, RoPE in float32 then cast) so greedy output matches it token for token in float32.
 """
 
@@ -14,9 +15,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from preheat.engine.kernels import attention, fused, linear
+from preheat.engine.kernels.backend import KernelBackend
 from preheat.engine.kernels.fused import RopeInputs, rms_norm
 from preheat.engine.kernels.int8 import QuantizedWeight
+from preheat.engine.kernels.torch_backend import TorchBackend
 
 __all__ = ["Attention", "AttentionMetadata", "DenseMLP", "StepContext", "rms_norm"]
 
@@ -51,8 +53,8 @@ class StepContext:
 class Attention:
     """Grouped-query attention with RoPE: fused q/k/v projection, optional per-head q/k
     RMSNorm (Qwen3), the paged KV write and attention, the output projection. The
-    projections may be int8 (engine/kernels/int8.py); engine/kernels/linear.py keeps them in
-    the form the backend multiplies by."""
+    projections may be int8 (engine/kernels/int8.py); `backend.prepare_linear` keeps them in
+    the form the backend multiplies by (default backend: the PyTorch reference)."""
 
     def __init__(
         self,
@@ -67,12 +69,14 @@ class Attention:
         k_norm: torch.Tensor | None = None,  # [head_dim]
         norm_eps: float = 1e-6,
         dtype: torch.dtype | None = None,  # the activations' (default: the weights')
+        backend: KernelBackend | None = None,
     ) -> None:
         if qkv.shape[0] != (num_heads + 2 * num_kv_heads) * head_dim:
             raise ValueError(f"qkv has {qkv.shape[0]} rows, expected ({num_heads} + 2*{num_kv_heads}) * {head_dim}")
         dtype = dtype or (qkv.dtype if isinstance(qkv, torch.Tensor) else torch.bfloat16)
-        self.qkv = linear.prepare(qkv, qkv_bias, dtype)
-        self.o = linear.prepare(o, o_bias, dtype)
+        self.backend = kernels = backend or TorchBackend()
+        self.qkv = kernels.prepare_linear(qkv, qkv_bias, dtype)
+        self.o = kernels.prepare_linear(o, o_bias, dtype)
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scale = head_dim**-0.5
         self.norm_eps = norm_eps
@@ -95,31 +99,31 @@ class Attention:
         plus `residual` when given (added in the output projection's epilogue)."""
         heads_q, heads_kv, hd = self.num_heads, self.num_kv_heads, self.head_dim
         q_size, kv_size = heads_q * hd, heads_kv * hd
-        rows, meta = ctx.rows, ctx.meta
-        qkv = linear.apply(x, self.qkv)
+        rows, meta, kernels = ctx.rows, ctx.meta, self.backend
+        qkv = kernels.apply_linear(x, self.qkv)
         qk = None
         if self.qk_norm is not None:
             qk = qkv[:, : q_size + kv_size].view(-1, heads_q + heads_kv, hd)
-            qk = fused.rms_norm(qk, self.qk_norm, self.norm_eps)
-        q = fused.rope_write_kv(qkv, rows, ctx.rope, k_cache, v_cache, meta.slots, heads_q, heads_kv, hd, qk)
+            qk = kernels.rms_norm(qk, self.qk_norm, self.norm_eps)
+        q = kernels.rope_write_kv(qkv, rows, ctx.rope, k_cache, v_cache, meta.slots, heads_q, heads_kv, hd, qk)
         nd = meta.num_decode
         if nd == rows:
-            o = attention.decode_attention(
+            o = kernels.decode_attention(
                 q, k_cache, v_cache, meta.decode_page_table, meta.decode_seq_lens, self.scale, ctx.prepared_decode
             )
         elif nd == 0:
-            o = attention.extend_attention(
+            o = kernels.extend_attention(
                 q, k_cache, v_cache, meta.extend_page_table,
                 meta.extend_prefix_lens, meta.extend_lens, self.scale, ctx.prepared_extend,
             )  # fmt: skip
         else:
             o = torch.cat(
                 (
-                    attention.decode_attention(
+                    kernels.decode_attention(
                         q[:nd], k_cache, v_cache, meta.decode_page_table,
                         meta.decode_seq_lens, self.scale, ctx.prepared_decode,
                     ),  # fmt: skip
-                    attention.extend_attention(
+                    kernels.extend_attention(
                         q[nd:], k_cache, v_cache, meta.extend_page_table,
                         meta.extend_prefix_lens, meta.extend_lens, self.scale, ctx.prepared_extend,
                     ),  # fmt: skip
@@ -128,7 +132,7 @@ class Attention:
         o = o.reshape(rows, q_size)
         if ctx.padded_rows > rows:
             o = F.pad(o, (0, 0, 0, ctx.padded_rows - rows))
-        return linear.apply(o, self.o, residual)
+        return kernels.apply_linear(o, self.o, residual)
 
 
 class DenseMLP:
@@ -141,10 +145,12 @@ class DenseMLP:
         gate_up_bias: torch.Tensor | None = None,
         down_bias: torch.Tensor | None = None,
         dtype: torch.dtype | None = None,  # the activations' (default: the weights')
+        backend: KernelBackend | None = None,
     ) -> None:
         dtype = dtype or (down.dtype if isinstance(down, torch.Tensor) else torch.bfloat16)
-        self.gate_up = linear.prepare(gate_up, gate_up_bias, dtype)
-        self.down = linear.prepare(down, down_bias, dtype)
+        self.backend = kernels = backend or TorchBackend()
+        self.gate_up = kernels.prepare_linear(gate_up, gate_up_bias, dtype)
+        self.down = kernels.prepare_linear(down, down_bias, dtype)
         self.intermediate_size = down.shape[1]
 
     def weights(self) -> list[torch.Tensor]:
@@ -152,4 +158,5 @@ class DenseMLP:
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         """down(silu(gate) * up) (+ residual, added in the down projection's epilogue)."""
-        return linear.apply(fused.silu_mul(linear.apply(x, self.gate_up)), self.down, residual)
+        kernels = self.backend
+        return kernels.apply_linear(kernels.silu_mul(kernels.apply_linear(x, self.gate_up)), self.down, residual)

@@ -13,7 +13,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from preheat.engine.kernels import attention, batched_extend, reference
+from preheat.engine.kernels import batched_extend, reference
+from preheat.engine.kernels.torch_backend import TorchBackend
 
 PAGE_SIZE = 4
 NUM_PAGES = 96
@@ -77,7 +78,7 @@ def test_new_turns_of_many_conversations_are_batched():
 def test_falls_back_to_the_reference_when_padding_does_not_pay(prefixes, extends, why):
     assert not batched_extend.worth_batching(prefixes, extends), why
     table = torch.zeros(len(extends), 1, dtype=torch.int32)
-    assert attention.prepare_extend(table, prefixes, extends, PAGE_SIZE) is None
+    assert TorchBackend().prepare_extend(table, prefixes, extends, PAGE_SIZE) is None
 
 
 def test_sequences_of_similar_length_share_a_group():

@@ -39,6 +39,7 @@ from preheat.engine.model.build import build_model
 from preheat.engine.model.decoder import AttentionMetadata
 from preheat.engine.model.loader import load_model
 from preheat.engine.model.quantize import quantize_weights
+from preheat.engine.model.sharding import WholeWeights
 from preheat.engine.model.spec import ModelSpec
 
 # --------------------------------------------------------------------------- heads
@@ -108,6 +109,25 @@ def test_an_int8_weight_is_cut_like_its_tensor():
     assert torch.equal(int8.dequantize(rows), torch.cat([int8.dequantize(qw)[24:]] * 2))
     with pytest.raises(ValueError, match="multiples of 32"):
         qw.narrow(1, 16, 32)
+
+
+def test_one_rank_cuts_nothing_as_the_model_side_whole_weights_do():
+    """build_model's default (engine/model/sharding.py) and a one-rank Sharder agree, dense
+    and int8 alike, so a one-rank build is the same wherever its sharder comes from."""
+    from preheat.engine.kernels import int8
+
+    spec = spec_of()
+    one, whole = Sharder(spec, 1, 0), WholeWeights(spec)
+    assert one.heads == whole.heads
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(64, 64, generator=g)
+    for a in (w, int8.quantize(w)):
+        dense = int8.dequantize if isinstance(a, int8.QuantizedWeight) else (lambda t: t)
+        assert torch.equal(dense(one.qkv(a, a, a)), dense(whole.qkv(a, a, a)))
+        assert torch.equal(dense(one.gate_up(a, a)), dense(whole.gate_up(a, a)))
+        assert one.o(a) is whole.o(a) is a and one.down(a) is whole.down(a) is a
+    b = w[0]
+    assert one.reduced_bias(b) is whole.reduced_bias(b) is b
 
 
 def test_the_expert_width_must_divide_too():

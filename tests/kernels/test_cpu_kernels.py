@@ -8,8 +8,6 @@ skipped with the reason; on a CPU with them, a failed build fails here, loudly.
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -17,12 +15,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from preheat.engine.kernels import cpu_ext, int8, kv_fp8, reference
+from preheat.engine.kernels.cpu_backend import CpuKernelBackend
+from preheat.engine.kernels.torch_backend import TorchBackend
 
 missing = cpu_ext.missing_cpu_flags(cpu_ext.read_cpu_flags())
 if missing:
     pytest.skip(f"this CPU lacks {', '.join(missing)}", allow_module_level=True)
 
 kernels = cpu_ext.build()
+CPU, TORCH = CpuKernelBackend(kernels), TorchBackend()
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 DTYPES = st.sampled_from([torch.float32, torch.bfloat16])
 
@@ -120,23 +121,8 @@ def test_decode_attention_refuses_lengths_beyond_the_page_table():
         )
 
 
-@contextlib.contextmanager
-def dispatch(module, kernels_module):
-    """Points a dispatch module (fused, linear, cpu_attention) at kernels_module, then puts
-    back what was there (an engine built earlier in this process may rely on it)."""
-    before = module._kernels
-    module.use_kernels(kernels_module)
-    try:
-        yield
-    finally:
-        module.use_kernels(before)
-
-
 def pack_bf16(w: torch.Tensor) -> torch.Tensor:
-    from preheat.engine.kernels import linear
-
-    with dispatch(linear, kernels):
-        return linear.prepare(w, None, torch.bfloat16).packed
+    return CPU.prepare_linear(w, None, torch.bfloat16).packed
 
 
 @SETTINGS
@@ -207,26 +193,22 @@ def test_int8_linear_reads_asymmetric_blocks_like_gguf_q4_1():
 @SETTINGS
 @given(m=st.integers(1, 70), n=st.sampled_from([16, 72, 576, 100]), dtype=DTYPES, seed=st.integers(0, 2**16))
 def test_rms_norm_matches_the_reference(m, n, dtype, seed):
-    from preheat.engine.kernels import fused
-
     g = torch.Generator().manual_seed(seed)
     x = (torch.randn((m, n), generator=g) * 3).to(dtype)
     w = torch.randn(n, generator=g).to(dtype)
-    with dispatch(fused, None):
-        expected = fused.rms_norm(x, w, 1e-5)
+    expected = TORCH.rms_norm(x, w, 1e-5)
     close(kernels.rms_norm(x, w, 1e-5), expected, dtype)
+    close(CPU.rms_norm(x, w, 1e-5), expected, dtype)
 
 
 @SETTINGS
 @given(m=st.integers(1, 40), inter=st.sampled_from([16, 40, 1536]), dtype=DTYPES, seed=st.integers(0, 2**16))
 def test_silu_mul_matches_the_reference(m, inter, dtype, seed):
-    from preheat.engine.kernels import fused
-
     g = torch.Generator().manual_seed(seed)
     gu = (torch.randn((m, 2 * inter), generator=g) * 4).to(dtype)
-    with dispatch(fused, None):
-        expected = fused.silu_mul(gu)
+    expected = TORCH.silu_mul(gu)
     close(kernels.silu_mul(gu), expected, dtype)
+    close(CPU.silu_mul(gu), expected, dtype)
 
 
 @SETTINGS
@@ -239,8 +221,7 @@ def test_silu_mul_matches_the_reference(m, inter, dtype, seed):
     seed=st.integers(0, 2**16),
 )
 def test_rope_and_kv_write_match_the_reference(rows, heads, hd, dtype, normed_qk, seed):
-    from preheat.engine.kernels import fused
-    from preheat.engine.model.rope import RotaryEmbedding
+    from preheat.engine.kernels.rope import RotaryEmbedding
 
     num_heads, kvh = heads
     g = torch.Generator().manual_seed(seed)
@@ -251,13 +232,11 @@ def test_rope_and_kv_write_match_the_reference(rows, heads, hd, dtype, normed_qk
     caches = [torch.zeros((2, 5, 16, kvh, hd), dtype=dtype) for _ in range(2)]
     # Qwen3 normalises q and k per head before the rotation: they come in separately.
     qk = (qkv[:, : (num_heads + kvh) * hd].view(-1, num_heads + kvh, hd) * 0.5) if normed_qk else None
-    with dispatch(fused, None):
-        q_ref = fused.rope_write_kv(qkv, rows, fused.RopeInputs(rope, positions, hd), caches[0][0], caches[0][1],
-                                    slots, num_heads, kvh, hd, qk)
-    with dispatch(fused, kernels):
-        inputs = fused.RopeInputs(rope, positions, hd)
-        assert inputs.use_kernel
-        q = fused.rope_write_kv(qkv, rows, inputs, caches[1][0], caches[1][1], slots, num_heads, kvh, hd, qk)
+    q_ref = TORCH.rope_write_kv(qkv, rows, TORCH.rope_inputs(rope, positions, hd), caches[0][0], caches[0][1],
+                                slots, num_heads, kvh, hd, qk)
+    inputs = CPU.rope_inputs(rope, positions, hd)
+    assert inputs.use_kernel
+    q = CPU.rope_write_kv(qkv, rows, inputs, caches[1][0], caches[1][1], slots, num_heads, kvh, hd, qk)
     close(q, q_ref, dtype)
     close(caches[1], caches[0], dtype)
 
@@ -271,9 +250,10 @@ def test_short_extends_run_as_decode_rows():
     k_cache, v_cache, table = paged_cache(g, lens, 4, 2, 64, torch.float32)
     q = torch.randn((sum(extend), 6, 64), generator=g)
     expected = reference.extend_attention(q, k_cache, v_cache, table, prefix, extend, 0.125)
-    with dispatch(cpu_attention, kernels):
-        plan = cpu_attention.plan_short_extend(table, prefix, extend)
-        assert plan is not None and plan.seq_lens.tolist() == [31, 32, 33, 34, 1, 2, 3, 8]
-        got = cpu_attention.short_extend(q, k_cache, v_cache, plan, 0.125)
-        assert cpu_attention.plan_short_extend(table, [0], [cpu_attention.SHORT_EXTEND + 1]) is None
+    plan = CPU.prepare_extend(table, prefix, extend, 4)
+    assert isinstance(plan, cpu_attention.ShortExtend) and plan.seq_lens.tolist() == [31, 32, 33, 34, 1, 2, 3, 8]
+    got = CPU.extend_attention(q, k_cache, v_cache, table, prefix, extend, 0.125, plan)
+    assert cpu_attention.plan_short_extend(table, [0], [cpu_attention.SHORT_EXTEND + 1]) is None
     close(got, expected, torch.float32)
+    # Unprepared (an extend no forward pass planned), the backend lays it out itself.
+    close(CPU.extend_attention(q, k_cache, v_cache, table, prefix, extend, 0.125), expected, torch.float32)

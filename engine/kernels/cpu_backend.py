@@ -1,0 +1,87 @@
+"""The CPU backend: our C++ kernels (engine/kernels/cpu_ext.py, AVX-512 VNNI/BF16) for decode
+attention over the pages and short extends through it (engine/kernels/cpu_attention.py),
+the matrix multiplies (weights packed once, engine/kernels/linear.py), RMSNorm, the SiLU
+gate, and RoPE together with the KV write. Whatever a kernel does not take (a dtype, a
+head size, a layout) runs as the PyTorch backend it extends runs it.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import torch
+
+from preheat.engine.kernels import cpu_attention, int8, linear, reference
+from preheat.engine.kernels.fused import RopeInputs
+from preheat.engine.kernels.linear import LinearWeight
+from preheat.engine.kernels.torch_backend import TorchBackend
+
+
+class CpuKernelBackend(TorchBackend):
+    name = "cpu"
+    pad_cpu_rows = False  # the kernels need no kernel per shape (oneDNN does)
+
+    def __init__(self, kernels: ModuleType) -> None:
+        """`kernels`: the loaded extension module (cpu_ext.load() / build())."""
+        self.kernels = kernels
+
+    def _takes(self, t: torch.Tensor) -> bool:
+        return t.device.type == "cpu" and t.dtype in (torch.float32, torch.bfloat16)
+
+    # ---------------------------------------------------------------- attention
+    def prepare_decode(self, page_table, seq_lens, page_size: int):
+        return None  # the kernel reads the pages where they lie: nothing to gather
+
+    def prepare_extend(self, page_table, prefix_lens: list[int], extend_lens: list[int], page_size: int):
+        """Decode rows for a short extend; else the PyTorch backend's plan."""
+        short = cpu_attention.plan_short_extend(page_table, prefix_lens, extend_lens)
+        if short is not None:
+            return short
+        return super().prepare_extend(page_table, prefix_lens, extend_lens, page_size)
+
+    def decode_attention(self, q, k_cache, v_cache, page_table, seq_lens, scale, prepared=None) -> torch.Tensor:
+        if prepared is not None:
+            return reference.decode_attention(q, k_cache, v_cache, page_table, seq_lens, scale, prepared)
+        return cpu_attention.decode_attention(self.kernels, q, k_cache, v_cache, page_table, seq_lens, scale)
+
+    def extend_attention(self, q, k_cache, v_cache, page_table, prefix_lens, extend_lens, scale,
+                         prepared=None) -> torch.Tensor:  # fmt: skip
+        if isinstance(prepared, cpu_attention.ShortExtend):
+            return cpu_attention.short_extend(self.kernels, q, k_cache, v_cache, prepared, scale)
+        if prepared is not None:
+            return super().extend_attention(q, k_cache, v_cache, page_table, prefix_lens, extend_lens, scale, prepared)
+        return cpu_attention.extend_attention(self.kernels, q, k_cache, v_cache, page_table, prefix_lens,
+                                              extend_lens, scale)  # fmt: skip
+
+    # ---------------------------------------------------------------- linear layers
+    def prepare_linear(self, weight: torch.Tensor | int8.QuantizedWeight, bias: torch.Tensor | None,
+                       dtype: torch.dtype) -> LinearWeight:  # fmt: skip
+        return linear.prepare(weight, bias, dtype, self.kernels)
+
+    # ---------------------------------------------------------------- element-wise
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        if self._takes(x) and x.dim() == 2 and x.stride(-1) == 1 and weight.dim() == 1 and weight.dtype == x.dtype:
+            return self.kernels.rms_norm(x, weight, eps)
+        return super().rms_norm(x, weight, eps)
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        if self._takes(gate_up) and gate_up.dim() == 2 and gate_up.stride(-1) == 1:
+            return self.kernels.silu_mul(gate_up)
+        return super().silu_mul(gate_up)
+
+    def rope_inputs(self, rope, positions: torch.Tensor, head_dim: int) -> RopeInputs:
+        use_kernel = (
+            positions.device.type == "cpu" and rope.dtype in (torch.float32, torch.bfloat16) and head_dim % 32 == 0
+        )
+        return RopeInputs(rope, positions, head_dim, use_kernel)
+
+    def rope_write_kv(self, qkv, rows: int, rope: RopeInputs, k_cache, v_cache, slots, num_heads: int,
+                      num_kv_heads: int, head_dim: int, qk=None) -> torch.Tensor:  # fmt: skip
+        if rope.use_kernel and qkv.dtype == k_cache.dtype and qkv.stride(-1) == 1 and k_cache.is_contiguous():
+            if qk is not None:
+                qk_size = (num_heads + num_kv_heads) * head_dim
+                qkv = torch.cat((qk.reshape(qkv.shape[0], qk_size), qkv[:, qk_size:]), dim=1)
+            return self.kernels.rope_kv(
+                qkv, rows, num_heads, num_kv_heads, rope.table, rope.positions, slots, k_cache, v_cache
+            )
+        return super().rope_write_kv(qkv, rows, rope, k_cache, v_cache, slots, num_heads, num_kv_heads, head_dim, qk)
