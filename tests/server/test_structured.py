@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -126,10 +125,8 @@ def test_repeated_schema_is_compiled_once(tokenizer):
     # Same schema, other key order, given as text: still the same cache entry.
     reordered = json.dumps({"properties": {"b": {"type": "integer"}, "a": {"type": "string"}},
                             "type": "object"})
-    start = time.perf_counter()
     second = backend.compile(Spec("json_schema", reordered))
-    assert time.perf_counter() - start < 0.005
-    assert second is first
+    assert second is first  # the cached object itself: nothing was compiled again
     assert (backend.cache_misses, backend.cache_hits) == (1, 1)
 
 
