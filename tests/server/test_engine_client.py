@@ -1,0 +1,85 @@
+"""The serving layer's seam to the engine (engine/api/engine_client.py): AsyncEngine and
+Engine offer every member the Protocols name, with the same parameters.
+
+A type checker checks the same conformance (engine_client.py's TYPE_CHECKING block); this
+test needs none and also catches a member renamed on one side only."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+from pathlib import Path
+
+from fake_engine import FakeEngine
+
+from preheat.engine.api.engine_client import EngineClient, OutputStream, ServedEngine
+from preheat.engine.async_engine import AsyncEngine, RequestStream
+from preheat.engine.engine import Engine
+from preheat.engine.metrics import Metrics
+
+ENGINE = Path(__file__).resolve().parents[2] / "engine"
+
+
+def members(proto: type) -> tuple[set[str], set[str]]:
+    """(data members, methods and properties) a Protocol declares."""
+    data = set(proto.__dict__.get("__annotations__", {}))
+    calls = {n for n, v in vars(proto).items()
+             if not n.startswith("_") and (inspect.isfunction(v) or isinstance(v, property))}
+    calls |= {"__aiter__"} & set(vars(proto))
+    return data, calls
+
+
+def assert_same_parameters(proto: type, cls: type, name: str) -> None:
+    want = getattr(proto, name)
+    got = getattr(cls, name)
+    if isinstance(want, property):
+        assert isinstance(got, property), f"{cls.__name__}.{name} should be a property"
+        return
+    want_params = [(p.name, p.kind, p.default is inspect.Parameter.empty)
+                   for p in inspect.signature(want).parameters.values()]
+    got_params = [(p.name, p.kind, p.default is inspect.Parameter.empty)
+                  for p in inspect.signature(got).parameters.values()]
+    assert got_params == want_params, f"{cls.__name__}.{name}{inspect.signature(got)} != {inspect.signature(want)}"
+
+
+def test_async_engine_offers_every_member_of_engine_client() -> None:
+    data, calls = members(EngineClient)
+    assert {"submit_sequences", "run_in_engine", "phase", "engine"} <= calls
+    aengine = AsyncEngine(Metrics(), FakeEngine())
+    for name in data | calls:
+        assert hasattr(aengine, name), f"AsyncEngine has no {name}"
+    for name in calls - {"engine"}:  # AsyncEngine.engine is a plain attribute: read-only here
+        assert_same_parameters(EngineClient, AsyncEngine, name)
+
+
+def test_request_stream_is_an_output_stream() -> None:
+    data, calls = members(OutputStream)
+    for name in calls:
+        assert_same_parameters(OutputStream, RequestStream, name)
+    stream = RequestStream(AsyncEngine(Metrics(), FakeEngine()), "r-1", None)  # type: ignore[arg-type]
+    for name in data:
+        assert hasattr(stream, name), f"RequestStream has no {name}"
+
+
+def _engine_attributes() -> set[str]:
+    """What an Engine instance has: its class's names and every `self.x = ...` in it."""
+    tree = ast.parse((ENGINE / "engine.py").read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Engine")
+    names = set(dir(Engine))
+    for node in ast.walk(cls):
+        targets = node.targets if isinstance(node, ast.Assign) else \
+            [node.target] if isinstance(node, ast.AnnAssign) else []
+        for t in targets:
+            if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
+                names.add(t.attr)
+    return names
+
+
+def test_engine_offers_every_member_of_served_engine() -> None:
+    data, calls = members(ServedEngine)
+    have = _engine_attributes()
+    for name in data | calls:
+        assert name in have, f"Engine has no {name}"
+    for name in calls:
+        assert_same_parameters(ServedEngine, Engine, name)
+
