@@ -16,6 +16,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
+from preheat.engine.api.engine_client import ServedEngine
 from preheat.engine.request.api_errors import APIError
 from preheat.engine.sglang.protocol import GenerateRequest
 from preheat.engine.sglang.serving import SGLangServing
@@ -41,20 +42,20 @@ def add_sglang_routes(app: FastAPI, serving: SGLangServing, read_request: Callab
     @app.get("/get_model_info")
     @app.get("/model_info")
     async def model_info(request: Request) -> JSONResponse:
-        engine = serving.openai._engine()
+        engine = serving.openai.ready_engine()
         return JSONResponse(model_info_body(engine, serving.openai.model_name))
 
     @app.get("/server_info")
     @app.get("/get_server_info")
     async def server_info(request: Request) -> JSONResponse:
-        engine = serving.openai._engine()
+        engine = serving.openai.ready_engine()
         return JSONResponse(server_info_body(engine, aengine.phase))
 
     @app.post("/flush_cache")
     @app.get("/flush_cache", include_in_schema=False)
     async def flush_cache(request: Request) -> Response:
         """As SGLang: refused (400) while requests run or wait, since their prefixes are in use."""
-        engine = serving.openai._engine()
+        engine = serving.openai.ready_engine()
         if aengine.num_in_flight:
             return PlainTextResponse(
                 f"Cache not flushed: {aengine.num_in_flight} request(s) are running or waiting.\n",
@@ -77,7 +78,7 @@ def add_sglang_routes(app: FastAPI, serving: SGLangServing, read_request: Callab
         return Response(status_code=200)
 
 
-def model_info_body(engine: Any, served_name: str) -> dict[str, Any]:
+def model_info_body(engine: ServedEngine, served_name: str) -> dict[str, Any]:
     hf = getattr(engine, "hf_config", None)
     return {
         "model_path": engine.config.model or served_name,
@@ -94,7 +95,7 @@ def model_info_body(engine: Any, served_name: str) -> dict[str, Any]:
     }
 
 
-def server_info_body(engine: Any, phase: str) -> dict[str, Any]:
+def server_info_body(engine: ServedEngine, phase: str) -> dict[str, Any]:
     """Preheat's settings (under their own names), SGLang's names for the ones its users read
     first, and live scheduler state under `internal_states`, as SGLang nests it."""
     from preheat import __version__
@@ -117,7 +118,7 @@ def server_info_body(engine: Any, phase: str) -> dict[str, Any]:
     }
 
 
-def flush(engine: Any) -> int:
+def flush(engine: ServedEngine) -> int:
     """On the step thread: drops every cached prefix nobody holds from the device pool (L1),
     without offloading it to L2/L3 on the way out. Prefixes pinned by warmup templates stay:
     they are what makes this pod warm. Copies already in L2/L3 stay too (see
