@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from preheat.engine.api.engine_client import ServedEngine
+from preheat.engine.api.http_io import Bodies, openapi_body, respond
 from preheat.engine.request.api_errors import APIError
 from preheat.engine.sglang.protocol import GenerateRequest
 from preheat.engine.sglang.serving import SGLangServing
@@ -27,16 +27,14 @@ log = logging.getLogger(__name__)
 _SECRET_SETTINGS = {"api_key", "peer_secret_file"}
 
 
-def add_sglang_routes(app: FastAPI, serving: SGLangServing, read_request: Callable[..., Any],
-                      respond: Callable[..., Any], max_body_bytes: int, body_timeout: float,
-                      body_schema: dict[str, Any]) -> None:
+def add_sglang_routes(app: FastAPI, serving: SGLangServing, bodies: Bodies) -> None:
     """Who may call these is decided by engine/serve/http_auth.py's middleware, as for every route."""
     aengine = serving.aengine
 
-    @app.post("/generate", openapi_extra=body_schema)
+    @app.post("/generate", openapi_extra=openapi_body(GenerateRequest))
     @app.put("/generate", include_in_schema=False)
     async def generate(request: Request) -> Response:
-        req = await read_request(request, GenerateRequest, max_body_bytes, body_timeout)
+        req = await bodies.read(request, GenerateRequest)
         return await respond(request, serving.generate(req))
 
     @app.get("/get_model_info")

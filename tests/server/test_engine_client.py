@@ -1,5 +1,6 @@
 """The serving layer's seam to the engine (engine/api/engine_client.py): AsyncEngine and
-Engine offer every member the Protocols name, with the same parameters.
+Engine offer every member the Protocols name, with the same parameters, and the serving
+layer reaches the engine through the Protocols only, not through the classes.
 
 A type checker checks the same conformance (engine_client.py's TYPE_CHECKING block); this
 test needs none and also catches a member renamed on one side only."""
@@ -83,3 +84,33 @@ def test_engine_offers_every_member_of_served_engine() -> None:
     for name in calls:
         assert_same_parameters(ServedEngine, Engine, name)
 
+
+# The serving layer (what the HTTP routes run) and the files allowed to name the classes:
+# engine_client.py for its type-checker-only conformance check; refusals.py imports the
+# exceptions of admission, which are part of the contract.
+SERVING = ["api", "sglang", "serve/server.py", "serve/probes.py", "serve/admin_routes.py",
+           "serve/error_handlers.py", "serve/connection_close.py"]
+ALLOWED = {"preheat.engine.async_engine": {"EngineDead", "EngineNotReady"}}
+
+
+def _serving_files() -> list[Path]:
+    files: list[Path] = []
+    for part in SERVING:
+        path = ENGINE / part
+        files += sorted(path.rglob("*.py")) if path.is_dir() else [path]
+    return [f for f in files if f.name != "engine_client.py"]
+
+
+def test_the_serving_layer_reaches_the_engine_through_the_protocol_only() -> None:
+    files = _serving_files()
+    assert len(files) > 10
+    for f in files:
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module in ("preheat.engine.engine",
+                                                                     "preheat.engine.async_engine"):
+                names = {a.name for a in node.names}
+                extra = names - ALLOWED.get(node.module, set())
+                assert not extra, f"{f.relative_to(ENGINE)} imports {sorted(extra)} from {node.module}"
+            if isinstance(node, ast.Import):
+                assert not any(a.name in ("preheat.engine.engine", "preheat.engine.async_engine")
+                               for a in node.names), f"{f.relative_to(ENGINE)} imports the engine module"
