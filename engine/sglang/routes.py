@@ -67,8 +67,8 @@ def add_sglang_routes(app: FastAPI, serving: SGLangServing, bodies: Bodies) -> N
         """Healthy when the engine generates one token now (SGLang's deep health check;
         like SGLang's, it needs no API key: an open route in engine/serve/http_auth.py). /health stays the cheap liveness probe."""
         try:
-            await serving.generate(GenerateRequest(input_ids=[0], sampling_params={"max_new_tokens": 1,
-                                                                                    "temperature": 0}))
+            await serving.generate(GenerateRequest.model_validate(
+                {"input_ids": [0], "sampling_params": {"max_new_tokens": 1, "temperature": 0}}))
         except APIError as e:
             if e.status == 429:  # the line is full: the engine is busy serving, not broken
                 return JSONResponse({"status": "busy"}, status_code=200)
@@ -101,7 +101,7 @@ def server_info_body(engine: ServedEngine, phase: str) -> dict[str, Any]:
     settings = {k: v for k, v in dataclasses.asdict(engine.config).items() if k not in _SECRET_SETTINGS}
     stats = engine.stats()
     state = {k: v for k, v in dataclasses.asdict(stats).items() if isinstance(v, (int, float, str, bool))} \
-        if dataclasses.is_dataclass(stats) else {}
+        if dataclasses.is_dataclass(stats) and not isinstance(stats, type) else {}
     return {
         **settings,
         "model_path": engine.config.model,

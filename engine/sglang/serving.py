@@ -137,7 +137,7 @@ def finish_reason(engine: ServedEngine, s: _Seq, out: RequestOutput) -> dict[str
     return {"type": "abort", "message": out.error or "the request was aborted"}
 
 
-def _entry(engine: ServedEngine, token_id: int, logprob: float | None, with_text: bool) -> list[Any]:
+def _entry(engine: ServedEngine, token_id: int, logprob: float | None, with_text: bool) -> list[float | int | str | None]:
     return [logprob, token_id, engine.tokenizer.decode([token_id]) if with_text else None]
 
 
