@@ -7,7 +7,7 @@ the consumer (a client hung up) aborts the request, so its KV pages go back at t
 The object also carries the readiness phase that /ready reports:
 loading -> (restoring) -> (warming) -> ready -> draining.
 
-The serving layer reaches it only through engine/api/engine_client.py's `EngineClient`
+The serving layer reaches it only through engine/engine_client.py's `EngineClient`
 Protocol, which this class implements (tests/server/test_engine_client.py checks that).
 """
 

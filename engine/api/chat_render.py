@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from preheat.engine.api.engine_client import ServedEngine, Tokenizer
+from preheat.engine.engine_client import ServedEngine, Tokenizer
 from preheat.engine.tools.parsers import DEFAULT_FORMAT, ToolFormat, get_format
 
 TOOLS_SECTION = (

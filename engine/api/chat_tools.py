@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from preheat.engine.api.chat_render import ToolRendering, chat_prompt_ids, engine_tool_rendering
-from preheat.engine.api.engine_client import ServedEngine, Tokenizer
+from preheat.engine.engine_client import ServedEngine, Tokenizer
 from preheat.engine.request.sampling_params import StructuredOutput
 from preheat.engine.tools.calling import ToolPlan, plan_tools, tool_structured_output
 from preheat.engine.tools.output import DeltaStream, chat_message

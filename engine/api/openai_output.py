@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from preheat.engine.api.engine_client import Tokenizer
+from preheat.engine.engine_client import Tokenizer
 from preheat.engine.request.sequence import RequestOutput, TokenLogprob
 
 

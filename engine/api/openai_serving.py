@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from preheat.engine.api.chat_tools import ChatTools
-from preheat.engine.api.engine_client import EngineClient, ServedEngine
 from preheat.engine.api.openai_output import chat_logprobs, completion_logprobs, usage
 from preheat.engine.api.openai_params import request_structured, sampling_params
 from preheat.engine.api.openai_protocol import (
@@ -39,6 +38,7 @@ from preheat.engine.api.openai_protocol import (
 )
 from preheat.engine.api.refusals import STREAM_ERRORS, as_api_error, prompt_param, stream_error
 from preheat.engine.api.streams import DONE, Submitted, collect, merge, sse
+from preheat.engine.engine_client import EngineClient, ServedEngine
 from preheat.engine.request.api_errors import APIError
 from preheat.engine.request.sampling_params import StructuredOutput
 from preheat.engine.request.sequence import RequestOutput, Sequence

@@ -13,7 +13,7 @@ import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from preheat.engine.api.engine_client import OutputStream
+from preheat.engine.engine_client import OutputStream
 from preheat.engine.request.api_errors import APIError
 from preheat.engine.request.errors import RequestFailed
 from preheat.engine.request.sequence import RequestOutput

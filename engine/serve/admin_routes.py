@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from preheat.engine.api.engine_client import EngineClient
+from preheat.engine.engine_client import EngineClient
 from preheat.engine.request.api_errors import APIError
 
 if TYPE_CHECKING:

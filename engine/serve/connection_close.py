@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from preheat.engine.api.engine_client import EngineClient
+from preheat.engine.engine_client import EngineClient
 
 
 class CloseWhileDraining:

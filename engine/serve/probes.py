@@ -11,7 +11,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 
-from preheat.engine.api.engine_client import EngineClient
+from preheat.engine.engine_client import EngineClient
 
 
 def add_probe_routes(app: FastAPI, aengine: EngineClient, model_name: Callable[[], str]) -> None:

@@ -2,7 +2,7 @@
 /ready, /metrics, the operator's /admin/* routes, and the API's OpenAPI document
 (/openapi.json, browsable at /docs, as vLLM serves them).
 
-`create_app` assembles the FastAPI app around an EngineClient (engine/api/engine_client.py;
+`create_app` assembles the FastAPI app around an EngineClient (engine/engine_client.py;
 AsyncEngine in production) from its route groups, each in its own module:
 
     error handlers   engine/serve/error_handlers.py   every error OpenAI-shaped and counted
@@ -23,7 +23,6 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
-from preheat.engine.api.engine_client import EngineClient
 from preheat.engine.api.http_io import Bodies
 from preheat.engine.api.openai_protocol import (
     ChatCompletionRequest,
@@ -33,6 +32,7 @@ from preheat.engine.api.openai_protocol import (
 )
 from preheat.engine.api.openai_serving import OpenAIServing
 from preheat.engine.api.routes import add_openai_routes
+from preheat.engine.engine_client import EngineClient
 from preheat.engine.serve.admin_routes import add_admin_routes
 from preheat.engine.serve.connection_close import CloseWhileDraining
 from preheat.engine.serve.error_handlers import add_error_handlers

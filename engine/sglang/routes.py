@@ -15,8 +15,8 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
-from preheat.engine.api.engine_client import ServedEngine
 from preheat.engine.api.http_io import Bodies, openapi_body, respond
+from preheat.engine.engine_client import ServedEngine
 from preheat.engine.request.api_errors import APIError
 from preheat.engine.sglang.protocol import GenerateRequest
 from preheat.engine.sglang.serving import SGLangServing

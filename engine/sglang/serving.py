@@ -16,10 +16,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from preheat.engine.api.engine_client import ServedEngine
 from preheat.engine.api.openai_serving import OpenAIServing
 from preheat.engine.api.refusals import STREAM_ERRORS, as_api_error, stream_error
 from preheat.engine.api.streams import DONE, Submitted, collect, merge, sse
+from preheat.engine.engine_client import ServedEngine
 from preheat.engine.request.api_errors import APIError
 from preheat.engine.request.sampling_params import SamplingParams
 from preheat.engine.request.sequence import RequestOutput, Sequence

@@ -8,9 +8,16 @@ model is loaded, reaches the engine's read-only facts and its thread-safe reques
 through `EngineClient.engine`, a `ServedEngine` (what engine/engine.py's Engine offers to
 other threads). So a reader sees in one file what the HTTP layer depends on, a type checker
 follows a request from the route to the engine, and a test double (tests/server/fake_engine.py)
-is anything with these members; nothing here is checked at run time.
+is anything with these members; nothing here is checked at run time. A type checker
+checks that AsyncEngine is an EngineClient (engine/serve/server_main.py hands one to
+create_app) and so that Engine is a ServedEngine (AsyncEngine.engine is one);
+tests/server/test_engine_client.py checks the same without one.
 
 `Tokenizer` is the part of a Hugging Face tokenizer the serving layer calls.
+
+It lives at the engine's top level, beside async_engine.py that implements it: it names the
+engine's own types (EngineConfig, EngineStats, the KV pool, Metrics, ModelSpec) for a type
+checker only, so the serving folders depend on this one module instead of on those parts.
 """
 
 from __future__ import annotations
@@ -126,16 +133,3 @@ class EngineClient(Protocol):
     def call_in_engine(self, fn: Callable[..., T], *args: Any) -> concurrent.futures.Future[T]: ...
 
     async def run_in_engine(self, fn: Callable[..., T], *args: Any) -> T: ...
-
-
-if TYPE_CHECKING:
-    from preheat.engine.async_engine import AsyncEngine
-    from preheat.engine.engine import Engine
-
-    def _client(aengine: AsyncEngine) -> EngineClient:
-        """For a type checker only: AsyncEngine implements EngineClient."""
-        return aengine
-
-    def _served(engine: Engine) -> ServedEngine:
-        """For a type checker only: Engine implements ServedEngine."""
-        return engine
