@@ -6,6 +6,9 @@ the consumer (a client hung up) aborts the request, so its KV pages go back at t
 
 The object also carries the readiness phase that /ready reports:
 loading -> (restoring) -> (warming) -> ready -> draining.
+
+The serving layer reaches it only through engine/engine_client.py's `EngineClient`
+Protocol, which this class implements (tests/server/test_engine_client.py checks that).
 """
 
 from __future__ import annotations
@@ -18,10 +21,17 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from preheat.engine.metrics import PHASES, Metrics
 from preheat.engine.request.errors import RequestFailed
+
+if TYPE_CHECKING:
+    from preheat.engine.engine import Engine
+    from preheat.engine.request.sampling_params import SamplingParams
+    from preheat.engine.request.sequence import RequestOutput, Sequence
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +52,7 @@ class EngineDead(RuntimeError):
 
 @dataclass
 class _Stream:
-    queue: asyncio.Queue
+    queue: asyncio.Queue[RequestOutput | BaseException]
     arrival: float
     first_token: float | None = None
     prompt_recorded: bool = False
@@ -50,9 +60,9 @@ class _Stream:
 
 
 class AsyncEngine:
-    def __init__(self, metrics: Metrics, engine: Any = None) -> None:
+    def __init__(self, metrics: Metrics, engine: Engine | None = None) -> None:
         self.metrics = metrics
-        self.engine: Any = None
+        self.engine: Engine | None = None
         self._phase = "loading"
         metrics.set_phase("loading")
         # What /ready adds to its body for the current phase (downloading: bytes_done, bytes_total).
@@ -67,7 +77,7 @@ class AsyncEngine:
         self._ids = itertools.count()
         self._abort_pending = False
         # Run once, in order, after draining and before exit (e.g. persist the snapshot).
-        self.on_shutdown: list[Callable[[AsyncEngine], Any]] = []
+        self.on_shutdown: list[Callable[[AsyncEngine], object]] = []
         # Seconds each finished start-up step took, in order (engine/lifecycle.py): /ready shows them.
         self.startup_steps: dict[str, float] = {}
         if engine is not None:
@@ -96,7 +106,7 @@ class AsyncEngine:
 
     # ------------------------------------------------------------ lifecycle
 
-    def attach(self, engine: Any) -> None:
+    def attach(self, engine: Engine) -> None:
         """Hands over the loaded engine; the step thread starts with `start()`."""
         self.engine = engine
 
@@ -173,18 +183,18 @@ class AsyncEngine:
         return f"{prefix}-{next(self._ids)}"
 
     def submit(
-        self, prompt: str | list[int], params: Any, request_id: str, *, internal: bool = False
+        self, prompt: str | list[int], params: SamplingParams, request_id: str, *, internal: bool = False
     ) -> RequestStream:
         """Adds a request to the engine now (so a refusal is raised here, before any response
         is started) and returns the stream of its outputs. `internal` requests (warmup) are
         admitted before the phase is ready. Raises the engine's ValueError for a bad request,
         EngineNotReady when not admitting, EngineDead when the step loop crashed."""
-        self._check_admitting(internal)
+        engine = self._check_admitting(internal)
         stream = _Stream(asyncio.Queue(), time.monotonic())
         with self._lock:
             self._streams[request_id] = stream
         try:
-            self.engine.add_request(prompt, params, request_id=request_id)
+            engine.add_request(prompt, params, request_id=request_id)
         except BaseException:
             with self._lock:
                 self._streams.pop(request_id, None)
@@ -192,12 +202,12 @@ class AsyncEngine:
         self._wake.set()
         return RequestStream(self, request_id, stream)
 
-    def submit_sequences(self, seqs: list[Any], *, internal: bool = False) -> list[RequestStream]:
+    def submit_sequences(self, seqs: list[Sequence], *, internal: bool = False) -> list[RequestStream]:
         """Queues sequences the engine built (`engine.build_sequence`, in a worker thread)
         all at once or none: raises QueueFull when the waiting line has no room for them
         (`--max-queue-len`; internal requests, the warmup's, are not bounded by it),
         EngineNotReady / EngineDead as `submit`."""
-        self._check_admitting(internal)
+        engine = self._check_admitting(internal)
         now = time.monotonic()
         streams = {s.request_id: _Stream(asyncio.Queue(), now) for s in seqs}
         with self._lock:
@@ -205,9 +215,9 @@ class AsyncEngine:
         try:
             if internal:
                 for seq in seqs:
-                    self.engine.enqueue(seq)
+                    engine.enqueue(seq)
             else:
-                self.engine.enqueue_all(seqs)
+                engine.enqueue_all(seqs)
         except BaseException:
             with self._lock:
                 for rid in streams:
@@ -216,24 +226,26 @@ class AsyncEngine:
         self._wake.set()
         return [RequestStream(self, rid, stream) for rid, stream in streams.items()]
 
-    def _check_admitting(self, internal: bool) -> None:
+    def _check_admitting(self, internal: bool) -> Engine:
+        """The engine, when it admits this request now."""
         if self.error is not None:
             raise EngineDead(str(self.error))
         if not internal and not self.is_ready:
             raise EngineNotReady(self._phase)
-        if self._thread is None:
+        if self._thread is None or self.engine is None:
             raise EngineNotReady("loading")
+        return self.engine
 
     async def generate(
-        self, prompt: str | list[int], params: Any, request_id: str, *, internal: bool = False
-    ) -> AsyncIterator[Any]:
+        self, prompt: str | list[int], params: SamplingParams, request_id: str, *, internal: bool = False
+    ) -> AsyncIterator[RequestOutput]:
         """Yields the RequestOutputs of one request until it finishes. The request is built
         (tokenized, its grammar compiled) in a worker thread, not on the event loop. Leaving
         early aborts the request once the generator is closed: wrap it in
         `contextlib.aclosing` to make that immediate (a bare `break` leaves the closing to
         garbage collection)."""
-        self._check_admitting(internal)
-        seq = await asyncio.to_thread(self.engine.build_sequence, prompt, params, request_id)
+        engine = self._check_admitting(internal)
+        seq = await asyncio.to_thread(engine.build_sequence, prompt, params, request_id)
         stream = self.submit_sequences([seq], internal=internal)[0]
         try:
             async for out in stream:
@@ -260,12 +272,12 @@ class AsyncEngine:
 
     # ------------------------------------------------------------ calls on the step thread
 
-    def call_in_engine(self, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future:
+    def call_in_engine(self, fn: Callable[..., T], *args: Any) -> concurrent.futures.Future[T]:
         """Runs fn(*args) on the step thread before its next step (the KV pool and radix tree
         are not thread-safe) and wakes the loop so an idle engine does not wait its 0.5 s poll.
         Before `start()` there is no step thread: the call runs here, at once."""
-        if self._thread is None:
-            future: concurrent.futures.Future = concurrent.futures.Future()
+        if self._thread is None or self.engine is None:
+            future: concurrent.futures.Future[T] = concurrent.futures.Future()
             try:
                 future.set_result(fn(*args))
             except BaseException as e:
@@ -277,7 +289,7 @@ class AsyncEngine:
         self._wake.set()
         return future
 
-    async def run_in_engine(self, fn: Callable[..., Any], *args: Any) -> Any:
+    async def run_in_engine(self, fn: Callable[..., T], *args: Any) -> T:
         """Awaitable form of `call_in_engine`, for code on the event loop."""
         return await asyncio.wrap_future(self.call_in_engine(fn, *args))
 
@@ -285,6 +297,7 @@ class AsyncEngine:
 
     def _run(self) -> None:
         engine = self.engine
+        assert engine is not None  # start() checked
         while not self._stop.is_set():
             self._wake.clear()
             try:
@@ -305,7 +318,7 @@ class AsyncEngine:
                 self._loop.call_soon_threadsafe(self._dispatch, outs, time.monotonic())  # type: ignore[union-attr]
             self._update_gauges()
 
-    def _dispatch(self, outs: list[Any], t: float) -> None:
+    def _dispatch(self, outs: list[RequestOutput], t: float) -> None:
         """On the event loop: route outputs to their streams and record per-request metrics."""
         for out in outs:
             stream = self._streams.get(out.request_id)
@@ -340,6 +353,8 @@ class AsyncEngine:
             self._loop.call_soon_threadsafe(s.queue.put_nowait, err)
 
     def _update_gauges(self) -> None:
+        if self.engine is None:
+            return
         try:
             st = self.engine.stats()
         except Exception:
@@ -371,7 +386,7 @@ class RequestStream:
         self._stream = stream
         self.finished = False
 
-    async def __aiter__(self) -> AsyncIterator[Any]:
+    async def __aiter__(self) -> AsyncIterator[RequestOutput]:
         """Yields outputs; raises EngineDead when the step loop died and RequestFailed when
         this request failed on its own (finish_reason "error"; the engine serves on)."""
         try:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from preheat.engine.engine_client import ServedEngine, Tokenizer
 from preheat.engine.tools.parsers import DEFAULT_FORMAT, ToolFormat, get_format
 
 TOOLS_SECTION = (
@@ -64,7 +65,7 @@ def template_facts(template: str) -> tuple[bool, str | None]:
     return supports, guess
 
 
-def resolve_tool_rendering(tokenizer: Any, configured: str = "auto") -> ToolRendering:
+def resolve_tool_rendering(tokenizer: Tokenizer, configured: str = "auto") -> ToolRendering:
     """How this tokenizer's chat gets tools, and which format the model answers in."""
     try:
         template = tokenizer.get_chat_template(tools=[{}])
@@ -75,7 +76,7 @@ def resolve_tool_rendering(tokenizer: Any, configured: str = "auto") -> ToolRend
     return ToolRendering(get_format(name), native)
 
 
-def engine_tool_rendering(engine: Any) -> ToolRendering:
+def engine_tool_rendering(engine: ServedEngine) -> ToolRendering:
     """resolve_tool_rendering for a loaded engine and its --tool-call-parser."""
     configured = getattr(getattr(engine, "config", None), "tool_call_parser", "auto")
     return resolve_tool_rendering(engine.tokenizer, configured)
@@ -152,7 +153,7 @@ def _default(messages: Sequence[dict], tools: Sequence[dict] | None, fmt: ToolFo
     return conv
 
 
-def render_chat(tokenizer: Any, messages: Sequence[dict], tools: Sequence[dict] | None,
+def render_chat(tokenizer: Tokenizer, messages: Sequence[dict], tools: Sequence[dict] | None,
                 rendering: ToolRendering, add_generation_prompt: bool = True) -> str:
     """The prompt text. `messages` are OpenAI-shaped dicts (role, content, tool_calls,
     tool_call_id); `tools` the offered tools (OpenAI shape) or None."""
@@ -163,7 +164,7 @@ def render_chat(tokenizer: Any, messages: Sequence[dict], tools: Sequence[dict] 
                                          add_generation_prompt=add_generation_prompt, tokenize=False)
 
 
-def chat_prompt_ids(tokenizer: Any, messages: Sequence[dict], tools: Sequence[dict] | None = None,
+def chat_prompt_ids(tokenizer: Tokenizer, messages: Sequence[dict], tools: Sequence[dict] | None = None,
                     rendering: ToolRendering | None = None, add_generation_prompt: bool = True) -> list[int]:
     """Token ids of a chat: rendered, then encoded without special tokens (the template
     already wrote them)."""

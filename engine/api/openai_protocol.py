@@ -56,7 +56,8 @@ def invalid(param: str, message: str) -> PydanticCustomError:
 
 
 def _bounded(name: str, default: Any = None) -> Any:
-    return Field(default=default, **SAMPLING_BOUNDS[name].constraints())
+    # mypy cannot match a dict of keyword arguments to Field's overloads.
+    return Field(default=default, **SAMPLING_BOUNDS[name].constraints())  # type: ignore[call-overload]
 
 
 TokenId = Annotated[int, Field(**TOKEN_ID.constraints())]
@@ -254,6 +255,7 @@ class CompletionRequest(SamplingFields):
         if not isinstance(value, list) or not value:
             return handler(value)
         first = value[0]
+        adapter: TypeAdapter[Any]
         if isinstance(first, int) and not isinstance(first, bool):
             adapter = _TOKEN_IDS
         elif isinstance(first, list):

@@ -1,5 +1,5 @@
 """Typed refusals and failures of one request, raised by the engine and mapped to HTTP by the
-server (engine/api/openai_serving.py): the server never reads a message to decide a status.
+server (engine/api/refusals.py): the server never reads a message to decide a status.
 
 - `RequestRejected`: the request cannot run as sent (400 with `code` and `param`). It is a
   ValueError, so callers of the Python API that catch ValueError keep working.

@@ -8,20 +8,22 @@ opens a new connection, which the Service sends to a pod still serving.
 
 from __future__ import annotations
 
-from typing import Any
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from preheat.engine.engine_client import EngineClient
 
 
 class CloseWhileDraining:
-    def __init__(self, app: Any, aengine: Any) -> None:
+    def __init__(self, app: ASGIApp, aengine: EngineClient) -> None:
         self.app = app
         self.aengine = aengine
 
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
 
-        async def send_closing(message: dict) -> None:
+        async def send_closing(message: Message) -> None:
             if message["type"] == "http.response.start" and self.aengine.phase == "draining":
                 headers = [(k, v) for k, v in message.get("headers") or []
                            if k.lower() != b"connection"]

@@ -20,9 +20,14 @@ from __future__ import annotations
 
 import hmac
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
+
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from preheat.engine.request.api_errors import APIError
+
+if TYPE_CHECKING:
+    from preheat.engine.peer.peer_secret import PeerKeys, PeerSecret
 
 OPEN_ROUTES = frozenset({"/health", "/ready", "/health_generate", "/metrics", "/openapi.json", "/docs",
                          "/docs/oauth2-redirect"})
@@ -46,7 +51,7 @@ def bearer_token(headers: list[tuple[bytes, bytes]]) -> str | None:
     return None
 
 
-def refusal(kind: str, token: str | None, api_key: str | None, peer_keys: Any) -> APIError | None:
+def refusal(kind: str, token: str | None, api_key: str | None, peer_keys: PeerKeys | None) -> APIError | None:
     """None when a request to a route of this kind with this bearer token may pass."""
     if kind == "open":
         return None
@@ -69,14 +74,14 @@ class Authentication:
     """`peer_secret`: engine/peer/peer_secret.PeerSecret (its keys are re-read as the Secret
     rotates) or None. `on_refusal(status)` counts refusals."""
 
-    def __init__(self, app: Any, *, api_key: str | None, peer_secret: Any,
+    def __init__(self, app: ASGIApp, *, api_key: str | None, peer_secret: PeerSecret | None,
                  on_refusal: Callable[[int], None] = lambda status: None) -> None:
         self.app = app
         self.api_key = api_key
         self.peer_secret = peer_secret
         self.on_refusal = on_refusal
 
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             keys = self.peer_secret.keys() if self.peer_secret is not None else None
             denied = refusal(route_kind(scope["path"]), bearer_token(scope["headers"]),

@@ -5,7 +5,7 @@ many requests run at once, and which Host names are answered.
   a client that sends its request line and headers one byte every few seconds (slowloris)
   holds a connection forever. Here a connection whose next request's headers are not
   complete within `header_timeout` seconds is closed. The body has its own deadline
-  (server.read_body: 408).
+  (engine/api/http_io.py read_body: 408).
 - Concurrency (RequestLimit): at most `limit` requests in flight, beyond which a request is
   answered 503 with Retry-After — but never a probe or /metrics (PROBE_ROUTES): a pod
   under load must still be seen alive and ready, or the kubelet restarts it. The default
@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
 
 from starlette.middleware.trustedhost import TrustedHostMiddleware
+from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from preheat.engine.request.api_errors import error_body
@@ -33,6 +33,7 @@ class GuardedH11Protocol(H11Protocol):
     """uvicorn's h11 protocol with a deadline for each request's headers."""
 
     header_timeout: float = 10.0  # set per server by guarded_protocol()
+    _header_timer: asyncio.TimerHandle | None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -75,8 +76,8 @@ def guarded_protocol(header_timeout: float) -> type[GuardedH11Protocol]:
     return type("GuardedH11", (GuardedH11Protocol,), {"header_timeout": header_timeout})
 
 
-async def _json_error(send: Any, status: int, message: str, code: str,
-                      headers: list[tuple[bytes, bytes]] = ()) -> None:
+async def _json_error(send: Send, status: int, message: str, code: str,
+                      headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:
     body = json.dumps(error_body(status, message, code=code)).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"),
@@ -87,20 +88,20 @@ async def _json_error(send: Any, status: int, message: str, code: str,
 class RequestLimit:
     """At most `limit` non-probe requests at once; the rest get 503 + Retry-After."""
 
-    def __init__(self, app: Any, *, limit: int) -> None:
+    def __init__(self, app: ASGIApp, *, limit: int) -> None:
         self.app = app
         self.limit = limit
         self.in_flight = 0
         self.refused = 0
 
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in PROBE_ROUTES:
             await self.app(scope, receive, send)
             return
         if self.in_flight >= self.limit:
             self.refused += 1
             await _json_error(send, 503, f"more than {self.limit} requests at once; retry shortly",
-                              "too_many_connections", [(b"retry-after", b"1")])
+                              "too_many_connections", ((b"retry-after", b"1"),))
             return
         self.in_flight += 1
         try:
@@ -112,11 +113,11 @@ class RequestLimit:
 class TrustedHosts:
     """Starlette's TrustedHostMiddleware for every route but the probes."""
 
-    def __init__(self, app: Any, *, hosts: list[str]) -> None:
+    def __init__(self, app: ASGIApp, *, hosts: list[str]) -> None:
         self.app = app
         self.checked = TrustedHostMiddleware(app, allowed_hosts=hosts, www_redirect=False)
 
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"] in PROBE_ROUTES:
             await self.app(scope, receive, send)
         else:

@@ -9,11 +9,12 @@ import contextlib
 import logging
 import os
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from preheat.engine.config import ConfigError, EngineConfig, add_arguments, from_namespace
 
 if TYPE_CHECKING:
+    from preheat.engine.metrics import Metrics
     from preheat.engine.warm.warm_start import WarmStart
 
 # The server stack (uvicorn, FastAPI, torch via the engine) is imported inside serve(), so
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def warm_start(config: EngineConfig, metrics: Any) -> WarmStart:
+def warm_start(config: EngineConfig, metrics: Metrics) -> WarmStart:
     """Steps run after loading and before ready (snapshot restore in phase "restoring" when
     --snapshot-dir is set, then the warmup templates in phase "warming" when
     --warmup-templates is set) and the shutdown callbacks (save the snapshot). Raises

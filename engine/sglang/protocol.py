@@ -33,11 +33,12 @@ TokenIds = Annotated[list[TokenId], Field(max_length=MAX_TOKENS_LIST)]
 StopString = Annotated[str, Field(max_length=MAX_STOP_CHARS)]
 
 # SGLang's max_new_tokens counts from 0: 0 computes (and caches) the prompt only.
-MAX_NEW_TOKENS = {"ge": 0, "le": SAMPLING_BOUNDS["max_tokens"].hi}
+MAX_NEW_TOKENS_LE = SAMPLING_BOUNDS["max_tokens"].hi
 
 
 def _bounded(name: str, default: Any = None) -> Any:
-    return Field(default=default, **SAMPLING_BOUNDS[name].constraints())
+    # mypy cannot match a dict of keyword arguments to Field's overloads.
+    return Field(default=default, **SAMPLING_BOUNDS[name].constraints())  # type: ignore[call-overload]
 
 
 class _Body(BaseModel):
@@ -49,7 +50,7 @@ class _Body(BaseModel):
 class SGLangSamplingParams(_Body):
     """`sampling_params` of /generate. None means SGLang's default, as SGLang reads it."""
 
-    max_new_tokens: int | None = Field(default=128, **MAX_NEW_TOKENS)
+    max_new_tokens: int | None = Field(default=128, ge=0, le=MAX_NEW_TOKENS_LE)
     stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP)] | None = None
     stop_token_ids: Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
     temperature: float | None = _bounded("temperature")

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
+from preheat.engine.api.http_io import Bodies, openapi_body, respond
+from preheat.engine.engine_client import ServedEngine
 from preheat.engine.request.api_errors import APIError
 from preheat.engine.sglang.protocol import GenerateRequest
 from preheat.engine.sglang.serving import SGLangServing
@@ -26,35 +27,33 @@ log = logging.getLogger(__name__)
 _SECRET_SETTINGS = {"api_key", "peer_secret_file"}
 
 
-def add_sglang_routes(app: FastAPI, serving: SGLangServing, read_request: Callable[..., Any],
-                      respond: Callable[..., Any], max_body_bytes: int, body_timeout: float,
-                      body_schema: dict[str, Any]) -> None:
+def add_sglang_routes(app: FastAPI, serving: SGLangServing, bodies: Bodies) -> None:
     """Who may call these is decided by engine/serve/http_auth.py's middleware, as for every route."""
     aengine = serving.aengine
 
-    @app.post("/generate", openapi_extra=body_schema)
+    @app.post("/generate", openapi_extra=openapi_body(GenerateRequest))
     @app.put("/generate", include_in_schema=False)
     async def generate(request: Request) -> Response:
-        req = await read_request(request, GenerateRequest, max_body_bytes, body_timeout)
+        req = await bodies.read(request, GenerateRequest)
         return await respond(request, serving.generate(req))
 
     @app.get("/get_model_info")
     @app.get("/model_info")
     async def model_info(request: Request) -> JSONResponse:
-        engine = serving.openai._engine()
+        engine = serving.openai.ready_engine()
         return JSONResponse(model_info_body(engine, serving.openai.model_name))
 
     @app.get("/server_info")
     @app.get("/get_server_info")
     async def server_info(request: Request) -> JSONResponse:
-        engine = serving.openai._engine()
+        engine = serving.openai.ready_engine()
         return JSONResponse(server_info_body(engine, aengine.phase))
 
     @app.post("/flush_cache")
     @app.get("/flush_cache", include_in_schema=False)
     async def flush_cache(request: Request) -> Response:
         """As SGLang: refused (400) while requests run or wait, since their prefixes are in use."""
-        engine = serving.openai._engine()
+        engine = serving.openai.ready_engine()
         if aengine.num_in_flight:
             return PlainTextResponse(
                 f"Cache not flushed: {aengine.num_in_flight} request(s) are running or waiting.\n",
@@ -68,8 +67,8 @@ def add_sglang_routes(app: FastAPI, serving: SGLangServing, read_request: Callab
         """Healthy when the engine generates one token now (SGLang's deep health check;
         like SGLang's, it needs no API key: an open route in engine/serve/http_auth.py). /health stays the cheap liveness probe."""
         try:
-            await serving.generate(GenerateRequest(input_ids=[0], sampling_params={"max_new_tokens": 1,
-                                                                                    "temperature": 0}))
+            await serving.generate(GenerateRequest.model_validate(
+                {"input_ids": [0], "sampling_params": {"max_new_tokens": 1, "temperature": 0}}))
         except APIError as e:
             if e.status == 429:  # the line is full: the engine is busy serving, not broken
                 return JSONResponse({"status": "busy"}, status_code=200)
@@ -77,7 +76,7 @@ def add_sglang_routes(app: FastAPI, serving: SGLangServing, read_request: Callab
         return Response(status_code=200)
 
 
-def model_info_body(engine: Any, served_name: str) -> dict[str, Any]:
+def model_info_body(engine: ServedEngine, served_name: str) -> dict[str, Any]:
     hf = getattr(engine, "hf_config", None)
     return {
         "model_path": engine.config.model or served_name,
@@ -94,7 +93,7 @@ def model_info_body(engine: Any, served_name: str) -> dict[str, Any]:
     }
 
 
-def server_info_body(engine: Any, phase: str) -> dict[str, Any]:
+def server_info_body(engine: ServedEngine, phase: str) -> dict[str, Any]:
     """Preheat's settings (under their own names), SGLang's names for the ones its users read
     first, and live scheduler state under `internal_states`, as SGLang nests it."""
     from preheat import __version__
@@ -102,7 +101,7 @@ def server_info_body(engine: Any, phase: str) -> dict[str, Any]:
     settings = {k: v for k, v in dataclasses.asdict(engine.config).items() if k not in _SECRET_SETTINGS}
     stats = engine.stats()
     state = {k: v for k, v in dataclasses.asdict(stats).items() if isinstance(v, (int, float, str, bool))} \
-        if dataclasses.is_dataclass(stats) else {}
+        if dataclasses.is_dataclass(stats) and not isinstance(stats, type) else {}
     return {
         **settings,
         "model_path": engine.config.model,
@@ -117,7 +116,7 @@ def server_info_body(engine: Any, phase: str) -> dict[str, Any]:
     }
 
 
-def flush(engine: Any) -> int:
+def flush(engine: ServedEngine) -> int:
     """On the step thread: drops every cached prefix nobody holds from the device pool (L1),
     without offloading it to L2/L3 on the way out. Prefixes pinned by warmup templates stay:
     they are what makes this pod warm. Copies already in L2/L3 stay too (see

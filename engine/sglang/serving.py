@@ -2,7 +2,7 @@
 
 The plan (engine/sglang/params.py) says what to run; this file tokenizes, builds and queues
 the sequences (off the event loop, with the same refusals, budget and backpressure as the
-OpenAI routes: it goes through OpenAIServing's engine checks and error mapping), and shapes
+OpenAI routes: OpenAIServing.ready_engine, engine/api/refusals.py and streams.py), and shapes
 what comes back as SGLang does: `{"text", "output_ids", "meta_info"}` per sequence, one
 object for a single prompt and a list for a batch; a stream sends the cumulative text of a
 sequence in each event (the frontend slices off what it has seen), with `index` in a batch.
@@ -16,18 +16,13 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from preheat.engine.api.openai_serving import (
-    OpenAIServing,
-    Submitted,
-    _as_api_error,
-    _collect,
-    _merge,
-    _sse,
-    _stream_error,
-)
-from preheat.engine.async_engine import EngineDead, EngineNotReady
+from preheat.engine.api.openai_serving import OpenAIServing
+from preheat.engine.api.refusals import STREAM_ERRORS, as_api_error, stream_error
+from preheat.engine.api.streams import DONE, Submitted, collect, merge, sse
+from preheat.engine.engine_client import ServedEngine
 from preheat.engine.request.api_errors import APIError
-from preheat.engine.request.errors import RequestFailed
+from preheat.engine.request.sampling_params import SamplingParams
+from preheat.engine.request.sequence import RequestOutput, Sequence
 from preheat.engine.sglang.params import GeneratePlan, PromptPlan, plan_generate, sampling_params
 from preheat.engine.sglang.protocol import GenerateRequest
 
@@ -39,7 +34,7 @@ class _Seq:
     plan: PromptPlan
     prompt_ids: list[int]
     rid: str
-    params: Any  # its SamplingParams
+    params: SamplingParams
     started: float
 
 
@@ -50,7 +45,7 @@ class SGLangServing:
 
     # ------------------------------------------------------------ submit
 
-    def _build(self, engine: Any, plan: GeneratePlan) -> tuple[list[_Seq], list[Any]]:
+    def _build(self, engine: ServedEngine, plan: GeneratePlan) -> tuple[list[_Seq], list[Sequence]]:
         """Worker thread: tokenize, check, build every sequence (nothing queued yet)."""
         ids_of: dict[int, list[int]] = {}
         for p in plan.prompts:
@@ -58,7 +53,8 @@ class SGLangServing:
                 ids_of[p.prompt_index] = (list(engine.tokenizer.encode(p.prompt)) if isinstance(p.prompt, str)
                                           else list(p.prompt))
         engine.check_request_budget(sum(len(ids_of[p.prompt_index]) for p in plan.prompts), "prompt")
-        seqs, built = [], []
+        seqs: list[_Seq] = []
+        built: list[Sequence] = []
         now = time.monotonic()
         for k, p in enumerate(plan.prompts):
             ids = ids_of[p.prompt_index]
@@ -71,39 +67,39 @@ class SGLangServing:
             seqs.append(_Seq(p, ids, p.rid or rid, params, now))
         return seqs, built
 
-    async def generate(self, req: GenerateRequest) -> dict | list | AsyncIterator[str]:
-        engine = self.openai._engine()
+    async def generate(self, req: GenerateRequest) -> dict[str, Any] | list[dict[str, Any]] | AsyncIterator[str]:
+        engine = self.openai.ready_engine()
         plan = plan_generate(req)
         try:
             seqs, built = await asyncio.to_thread(self._build, engine, plan)
             streams = self.aengine.submit_sequences(built)
         except Exception as e:
-            raise _rename_prompt(_as_api_error(e, None), plan.input_field, plan) from None
+            raise _rename_prompt(as_api_error(e, None), plan.input_field, plan) from None
         subs = [Submitted(i, s.prompt_ids, stream) for i, (s, stream) in enumerate(zip(seqs, streams))]
         if req.stream:
             return self._stream(engine, plan, seqs, subs)
-        finals = await _collect(subs)
+        finals = await collect(subs)
         answers = await asyncio.to_thread(
             lambda: [self.answer(engine, s, out) for s, out in zip(seqs, finals)])
         return answers[0] if plan.single else answers
 
-    async def _stream(self, engine: Any, plan: GeneratePlan, seqs: list[_Seq],
+    async def _stream(self, engine: ServedEngine, plan: GeneratePlan, seqs: list[_Seq],
                       subs: list[Submitted]) -> AsyncIterator[str]:
         try:
-            async for sub, out in _merge(subs):
+            async for sub, out in merge(subs):
                 if not (out.new_token_ids or out.finished):
                     continue
                 body = self.answer(engine, seqs[sub.index], out)
                 if not plan.single:
                     body["index"] = sub.index
-                yield _sse(body)
-        except (EngineDead, EngineNotReady, RequestFailed) as e:
-            yield _sse(_stream_error(e))
-        yield "data: [DONE]\n\n"
+                yield sse(body)
+        except STREAM_ERRORS as e:
+            yield sse(stream_error(e))
+        yield DONE
 
     # ------------------------------------------------------------ answers
 
-    def answer(self, engine: Any, s: _Seq, out: Any) -> dict[str, Any]:
+    def answer(self, engine: ServedEngine, s: _Seq, out: RequestOutput) -> dict[str, Any]:
         """One SGLang output object: what the sequence has produced so far."""
         meta: dict[str, Any] = {
             "id": s.rid,
@@ -120,7 +116,7 @@ class SGLangServing:
         return {"text": out.text, "output_ids": list(out.token_ids or ()), "meta_info": meta}
 
 
-def finish_reason(engine: Any, s: _Seq, out: Any) -> dict[str, Any]:
+def finish_reason(engine: ServedEngine, s: _Seq, out: RequestOutput) -> dict[str, Any]:
     """SGLang's finish reasons: {"type": "stop", "matched": <token id or stop string>},
     {"type": "length", "length": <max_new_tokens>}, {"type": "abort", "message": ...}."""
     reason = out.finish_reason
@@ -141,11 +137,11 @@ def finish_reason(engine: Any, s: _Seq, out: Any) -> dict[str, Any]:
     return {"type": "abort", "message": out.error or "the request was aborted"}
 
 
-def _entry(engine: Any, token_id: int, logprob: float | None, with_text: bool) -> list[Any]:
+def _entry(engine: ServedEngine, token_id: int, logprob: float | None, with_text: bool) -> list[float | int | str | None]:
     return [logprob, token_id, engine.tokenizer.decode([token_id]) if with_text else None]
 
 
-def logprob_fields(engine: Any, s: _Seq, out: Any, top: int, with_text: bool) -> dict[str, Any]:
+def logprob_fields(engine: ServedEngine, s: _Seq, out: RequestOutput, top: int, with_text: bool) -> dict[str, Any]:
     """meta_info's logprob fields, shaped as SGLang's: [logprob, token_id, text-or-None] per
     token; the first prompt token asked for has logprob None."""
     start = s.params.prompt_logprobs_start if s.params.prompt_logprobs is not None else len(s.prompt_ids)

@@ -12,7 +12,7 @@ free text free and constrains a call from the moment the model writes the format
 (`<tool_call>` for Hermes); "none" adds no constraint and the answer is never parsed for calls.
 
 Pure functions over plain dicts (the OpenAI shapes), shared by the API (openai_protocol.py,
-openai_serving.py) and the warmup templates, so a warmed grammar is byte-for-byte the one a
+engine/api/chat_tools.py) and the warmup templates, so a warmed grammar is byte-for-byte the one a
 request compiles. No torch, no xgrammar here: the grammar is JSON, compiled by structured.py.
 """
 

@@ -53,6 +53,10 @@ class DeltaStream:
     def has_calls(self) -> bool:
         return bool(self.ids)
 
+    def finish_reason(self, reason: str | None) -> str | None:
+        """The choice's finish reason once its stream ended ("tool_calls" after a call)."""
+        return finish_reason(reason, self.has_calls)
+
     def feed(self, text: str, finished: bool) -> list[dict]:
         if self.streamer is None:
             return [{"content": text}] if text else []

@@ -48,7 +48,7 @@ def _plan(req: WarmupRequest) -> ToolPlan | None:
 
 def chat_prompt_ids(tokenizer: Any, messages: Sequence[ChatMessage | dict],
                     tools: Sequence[dict] | None = None, rendering: ToolRendering | None = None) -> list[int]:
-    """Token ids of a chat request, as engine/api/openai_serving.py `chat_prompt` builds them
+    """Token ids of a chat request, as engine/api/chat_tools.py `ChatTools.prompt_ids` builds them
     (engine/api/chat_render.py renders both; `tools` as a ToolPlan holds them)."""
     conv = [m if isinstance(m, dict) else {"role": m.role, "content": m.content} for m in messages]
     return chat_render.chat_prompt_ids(tokenizer, conv, tools, rendering)
