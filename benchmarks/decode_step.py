@@ -78,7 +78,7 @@ class EngineSide:
         params = SamplingParams(max_tokens=4000, temperature=0, ignore_eos=True)
         for p in prompts:
             eng.add_request(p, params)
-        while eng.waiting or eng._inbox or any(s.num_computed < s.num_tokens - 1 for s in eng.running):
+        while eng.waiting or not eng.inbox.empty() or any(s.num_computed < s.num_tokens - 1 for s in eng.running):
             eng.step()
 
     def steps(self, n: int) -> list[float]:
