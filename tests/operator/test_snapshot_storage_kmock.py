@@ -5,12 +5,13 @@ with stand-in engines (fake_engines.py) that publish the engine's real gauges.""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
 from fake_engines import NS, FakeEngines, operator_with_engines
 
+from e2e.waiting import eventually as poll_until
 from preheat.operator.kube import Kube
 from preheat.operator.resources import INFERENCE_SERVICES, PODS, Resource
 
@@ -28,19 +29,8 @@ async def cluster(tmp_path, monkeypatch) -> AsyncIterator[tuple[Kube, FakeEngine
         yield both
 
 
-async def eventually(check, timeout: float = 30.0) -> Any:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        try:
-            result = await check()
-            if result:
-                return result
-            error: Exception = AssertionError(f"{check.__name__} stayed {result!r}")
-        except AssertionError as e:
-            error = e
-        if asyncio.get_running_loop().time() > deadline:
-            raise error
-        await asyncio.sleep(0.1)
+async def eventually(check: Callable[[], Awaitable[Any]]) -> Any:
+    return await poll_until(check, timeout=30.0, interval=0.1)
 
 
 def service(size: str) -> dict[str, Any]:
