@@ -260,10 +260,7 @@ def grammar(loaded: LoadedModel, config: EngineConfig) -> tuple[Any, Any, Any]:
     importable (structured output is optional for the core engine)."""
     try:
         from preheat.engine.sample import structured
-    except ImportError as exc:
-        log.warning("structured output unavailable: %s", exc)
-        return None, None, None
-    try:
+
         backend = structured.GrammarBackend(loaded.tokenizer, loaded.spec.vocab_size,
                                             compile_timeout=config.grammar_compile_timeout)
     except ImportError as exc:

@@ -90,8 +90,7 @@ class Engine:
             SchedulerLimits(config.max_num_seqs, self.chunked_prefill_size, config.max_queue_len),
         )
         self.speculator = Speculator(config)
-        self.speculative = self.speculator.enabled
-        self.spec_warmup_seconds = self.warm_speculation() if self.speculative else 0.0
+        self.spec_warmup_seconds = self.warm_speculation() if self.speculator.enabled else 0.0
 
     @property
     def sharding(self) -> dict[str, Any]:
