@@ -3,8 +3,9 @@ is a folder with a README.md), no function over 100 lines and no class over 25 m
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
+
+from code_shape import oversized
 
 ENGINE = Path(__file__).resolve().parents[2] / "engine"
 
@@ -24,13 +25,4 @@ def test_every_engine_folder_has_a_readme() -> None:
 
 
 def test_no_function_over_100_lines_and_no_class_over_25_methods() -> None:
-    found = []
-    for path in _sources():
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 100:
-                found.append(f"{path.relative_to(ENGINE)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)")
-            if isinstance(node, ast.ClassDef):
-                methods = sum(isinstance(b, (ast.FunctionDef, ast.AsyncFunctionDef)) for b in node.body)
-                if methods > 25:
-                    found.append(f"{path.relative_to(ENGINE)}:{node.lineno} class {node.name} ({methods} methods)")
-    assert found == []
+    assert oversized(_sources(), ENGINE) == []

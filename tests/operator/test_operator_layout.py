@@ -5,21 +5,15 @@ decide.py / reconcile.py), not two letters apart."""
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
+from code_shape import oversized
+
 OPERATOR = Path(__file__).resolve().parents[2] / "operator"
-MAX_LINES = 100
 
 
 def test_no_operator_function_is_over_100_lines():
-    long = []
-    for path in sorted(OPERATOR.glob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                lines = node.end_lineno - node.lineno + 1
-                if lines > MAX_LINES:
-                    long.append(f"{path.name}:{node.lineno} {node.name} ({lines} lines)")
+    long = oversized(OPERATOR.glob("*.py"), OPERATOR, classes=False)
     assert not long, long
 
 
