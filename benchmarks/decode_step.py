@@ -4,7 +4,9 @@ a dense static KV cache, at batch 1 / 8 / 16 with the same weights, dtype and co
 batch-1 decode speed against llama.cpp (llama-cpp-python) on the same GGUF file.
 
 Sides:
-- preheat bf16 / preheat int8: the engine as served (CPU kernels, `--quantization int8`);
+- preheat bf16 / preheat int8 on the GGUF: the engine as served (CPU kernels, `--quantization
+  int8`, which on this Q4_1 GGUF keeps the layers' 4-bit blocks and the Q8_0 LM head in place);
+- preheat int8 (8-bit codes): `--quantization int8` on the bf16 checkpoint (every matrix 8-bit);
 - preheat bf16, fp8 KV: `--kv-cache-dtype fp8`, the decode kernel reading 8-bit pages in place;
 - preheat bf16, torch kernels: PREHEAT_ATTENTION_BACKEND=torch, the PyTorch reference path
   (oneDNN matmuls, gathered-context SDPA): what the engine ran before the CPU kernels;
@@ -12,7 +14,9 @@ Sides:
   (no torch.compile), the default attention implementation.
 
 Sides alternate in rounds (a few steps each, medians over all), so machine drift hits all
-of them alike. Writes benchmarks/results/decode_step.md; benchmarks/engine_vs_hf.py runs it
+of them alike. Each step is also put against its memory-bandwidth floor (bytes it reads /
+this machine's bandwidth, measured by benchmarks/bandwidth.py in the same run, before and
+after the sides): bf16, int8 and 4-bit at every batch size, goal <= 1.5x at batch 1 and 8. Writes benchmarks/results/decode_step.md; benchmarks/engine_vs_hf.py runs it
 too and puts the same section into engine_vs_hf.md.
 
     python benchmarks/decode_step.py [--batches 1 8 16] [--context 256] [--rounds 4] [--steps 8]
@@ -28,6 +32,7 @@ import statistics
 import sys
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -36,7 +41,18 @@ from preheat.engine import SamplingParams
 from preheat.engine.config import EngineConfig
 from preheat.engine.engine import Engine
 
+sys.path.insert(0, str(Path(__file__).parent))
+import bandwidth  # benchmarks/bandwidth.py, beside this file
+
 RESULTS = Path(__file__).parent / "results"
+INT8_GGUF = "preheat int8 on the GGUF (Q4_1 layers at 4 bits)"
+INT8_CODES = "preheat int8 (8-bit codes)"
+# Which side stands for which weight format in the floor table. On the Q4_1 GGUF,
+# `--quantization int8` keeps the file's Q4_1 blocks (4 bits a weight, in place) and its
+# Q8_0 LM head: that is the 4-bit row. Q4_0 / Q4_K have no in-place path yet (issue 28 item 2).
+FORMATS = (("bf16", "preheat bf16"), ("int8", INT8_CODES), ("4-bit (Q4_1 layers, Q8_0 head)", INT8_GGUF),
+           ("bf16, fp8 KV", "preheat bf16, fp8 KV"))
+FLOOR_GOAL = 1.5  # issue 28: a step at most 1.5x its floor at batch 1 and 8
 STORY = "Write a long story about a lighthouse keeper who finds a message in a bottle. " * 40
 
 
@@ -62,6 +78,7 @@ class EngineSide:
         with backend(backend_name):
             self.engine = Engine(EngineConfig(max_total_tokens=65536, max_num_seqs=64, **config))
         self.forward_times: list[float] = []
+        self.context_tokens: list[int] = []  # KV tokens the batch reads, per measured step
         runner = self.engine.runner
         inner = runner.decode_forward
 
@@ -84,10 +101,18 @@ class EngineSide:
     def steps(self, n: int) -> list[float]:
         times = []
         for _ in range(n):
+            self.context_tokens.append(sum(s.num_tokens for s in self.engine.running))
             t0 = time.perf_counter()
             self.engine.step()
             times.append(time.perf_counter() - t0)
         return times
+
+    def step_bytes(self) -> tuple[int, int]:
+        """(weight bytes, mean KV bytes) one measured decode step reads."""
+        eng = self.engine
+        ctx = statistics.mean(self.context_tokens) if self.context_tokens else 0
+        per_token = eng.model_config.kv_bytes_per_token(eng.kv_dtype)
+        return eng.model.step_weight_bytes, int(per_token * ctx)
 
     def stop(self) -> None:
         eng = self.engine
@@ -232,12 +257,16 @@ def run(args: argparse.Namespace) -> str:
     """Measures every side; returns the markdown report."""
     if args.threads:
         torch.set_num_threads(args.threads)
+    threads = torch.get_num_threads()
+    bw_before = bandwidth.measure_all([1, threads])
     sides = [EngineSide("preheat bf16", "cpu", dtype="bfloat16"),
-             EngineSide("preheat int8", "cpu", dtype="bfloat16", quantization="int8"),
-             EngineSide("preheat bf16, fp8 KV", "cpu", dtype="bfloat16", kv_cache_dtype="fp8")]
+             EngineSide(INT8_GGUF, "cpu", dtype="bfloat16", quantization="int8")]
+    ours = sides[0].engine
+    # 8-bit codes everywhere: the bf16 checkpoint quantized (on the GGUF, int8 keeps Q4_1 at 4 bits).
+    sides.append(EngineSide(INT8_CODES, "cpu", model=ours.hf_dir, dtype="bfloat16", quantization="int8"))
+    sides.append(EngineSide("preheat bf16, fp8 KV", "cpu", dtype="bfloat16", kv_cache_dtype="fp8"))
     if not args.no_reference:
         sides.append(EngineSide("preheat bf16, torch kernels (before)", "torch", dtype="bfloat16"))
-    ours = sides[0].engine
     if ours.attention_backend != "cpu":
         print(f"warning: the CPU kernels are not in use ({ours.attention_backend})", file=sys.stderr)
     dense = DenseSide(ours.hf_dir)
@@ -245,22 +274,27 @@ def run(args: argparse.Namespace) -> str:
     all_sides = sides + [dense]
     results: dict[int, dict[str, float]] = {}
     forward: dict[int, dict[str, float]] = {}
+    step_bytes: dict[int, dict[str, tuple[int, int]]] = {}
     for batch in args.batches:
         prompts = prompts_for(tok, batch, args.context)
         for s in sides:
             s.start(prompts)
             s.forward_times.clear()
+            s.context_tokens.clear()
         dense.start(prompts, args.context + args.rounds * args.steps + 16)
         dense.forward_times.clear()
         times: dict[str, list[float]] = defaultdict(list)
         for s in all_sides:
             s.steps(2)  # warm: first steps at a new batch size build kernels / caches
             s.forward_times.clear()
+            if isinstance(s, EngineSide):
+                s.context_tokens.clear()
         for _ in range(args.rounds):
             for s in all_sides:
                 times[s.label].extend(s.steps(args.steps))
         results[batch] = {label: 1000 * statistics.median(t) for label, t in times.items()}
         forward[batch] = {s.label: 1000 * statistics.median(s.forward_times) for s in all_sides}
+        step_bytes[batch] = {s.label: s.step_bytes() for s in sides}
         for s in all_sides:
             s.stop()
         print(f"batch {batch}: " + ", ".join(f"{k} {v:.1f} ms" for k, v in results[batch].items()), file=sys.stderr)
@@ -290,7 +324,9 @@ def run(args: argparse.Namespace) -> str:
         if llm is not None:
             b1["llama.cpp (llama-cpp-python)"].append(llama_cpp_tokens_per_s(llm, prompt, args.b1_tokens))
 
-    return render(args, results, forward, breakdown, b1, sides, dense, gguf, ours)
+    bw_after = bandwidth.measure_all([1, threads])
+    floors = Floors(bw_before, bw_after, threads, step_bytes)
+    return render(args, results, forward, breakdown, b1, sides, dense, gguf, ours) + render_floors(floors, results)
 
 
 def main() -> int:
@@ -307,8 +343,9 @@ def render(args, results, forward, breakdown, b1, sides, dense, gguf, ours) -> s
     lines = [
         "## Decode step: Preheat vs a dense-cache forward, and batch-1 decode vs llama.cpp",
         "",
-        f"Model: SmolLM2-135M-Instruct ({Path(gguf).name}; bf16 sides read it dequantised, int8 reads its "
-        f"Q4_1/Q8_0 blocks as they are), CPU, {torch.get_num_threads()} threads, contexts of "
+        f"Model: SmolLM2-135M-Instruct ({Path(gguf).name}; bf16 sides read it dequantised; int8 on "
+        "the GGUF reads its Q4_1 layer blocks (4 bits a weight) and Q8_0 LM head as they are; int8 with "
+        f"8-bit codes quantizes the bf16 checkpoint), CPU, {torch.get_num_threads()} threads, contexts of "
         f"{args.context} tokens growing by {args.rounds * args.steps + 2} during the run. Written by "
         "`benchmarks/decode_step.py`: all sides in one process, alternating in rounds of "
         f"{args.steps} steps ({args.rounds} rounds), medians. Preheat's figure is its whole engine step "
@@ -350,9 +387,75 @@ def render(args, results, forward, breakdown, b1, sides, dense, gguf, ours) -> s
     lines += [
         "",
         f"Weights read per step: {weights / 1e6:.0f} MB in bf16, "
-        f"{sides[1].engine.model.step_weight_bytes / 1e6:.0f} MB in int8.",
+        f"{sides[2].engine.model.step_weight_bytes / 1e6:.0f} MB in int8 (8-bit codes), "
+        f"{sides[1].engine.model.step_weight_bytes / 1e6:.0f} MB in int8 on the GGUF (Q4_1 layers at 4 bits).",
         f"1-minute load average at the end: {os.getloadavg()[0]:.2f} (2 cores shared with other work; "
         "sides alternate, so drift hits all of them, but absolute times move).",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+@dataclass
+class Floors:
+    """Bandwidth measured before and after the sides ran, and what each side's step read."""
+
+    before: dict[int, bandwidth.Bandwidth]
+    after: dict[int, bandwidth.Bandwidth]
+    threads: int
+    step_bytes: dict[int, dict[str, tuple[int, int]]]  # batch -> side -> (weights, KV)
+
+    @property
+    def gbps(self) -> float:
+        """The fastest rate seen at no more threads than the steps ran with: the strictest
+        floor (a step with N threads can always do what one with fewer does)."""
+        return max(bw.best for run in (self.before, self.after) for t, bw in run.items() if t <= self.threads)
+
+
+def render_floors(f: Floors, results: dict[int, dict[str, float]]) -> str:
+    gbps = f.gbps
+    lines = [
+        "",
+        "### Distance to the memory-bandwidth floor",
+        "",
+        "Bandwidth measured in this run by `benchmarks/bandwidth.py` (STREAM-style, float32 arrays of "
+        "128 MiB, best of 5), before the sides were built and after they ran:",
+        "",
+        "| threads | copy GB/s | triad GB/s | read (sum) GB/s |",
+        "| --- | --- | --- | --- |",
+    ]
+    for t in f.before:
+        b, a = f.before[t], f.after[t]
+        lines.append(f"| {t} | {b.copy:.1f} / {a.copy:.1f} | {b.triad:.1f} / {a.triad:.1f} | {b.read:.1f} / {a.read:.1f} |")
+    lines += [
+        "",
+        f"Floor of a step = (bytes it reads) / {gbps:.1f} GB/s, the fastest rate above at <= {f.threads} "
+        "threads. Bytes = every weight matrix once (the LM head once, also when tied to the embedding) "
+        "plus the KV of every sequence's context (all layers, K and V, the pool's dtype), mean over the "
+        "measured steps. Multiple = the whole engine step (median, table above) / its floor.",
+        "",
+        "| format | side | batch | weights MB | KV MB | floor ms | step ms | multiple |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    verdicts = []
+    for fmt, label in FORMATS:
+        worst = 0.0
+        for batch in results:
+            if label not in f.step_bytes[batch]:
+                continue
+            weights, kv = f.step_bytes[batch][label]
+            floor = bandwidth.floor_ms(weights + kv, gbps)
+            multiple = results[batch][label] / floor
+            if batch in (1, 8):
+                worst = max(worst, multiple)
+            lines.append(f"| {fmt} | {label} | {batch} | {weights / 1e6:.0f} | {kv / 1e6:.1f} | {floor:.2f} | "
+                         f"{results[batch][label]:.1f} | {multiple:.1f}x |")
+        if worst:
+            verdicts.append(f"{fmt} {worst:.1f}x ({'met' if worst <= FLOOR_GOAL else 'not met'})")
+    lines += [
+        "| 4-bit Q4_0 / Q4_K | (none) | - | - | - | - | - | no in-place path yet (issue 28 item 2) |",
+        "",
+        f"Goal <= {FLOOR_GOAL}x the floor at batch 1 and 8; worst of the two: " + ", ".join(verdicts) + ".",
+        f"1-minute load average after the floors: {os.getloadavg()[0]:.2f}.",
     ]
     return "\n".join(lines) + "\n"
 

@@ -210,16 +210,12 @@ def run_llama_cpp(gguf: str, tok, n_conv: int, turns: int, max_tokens: int) -> d
 
 
 def memory_bandwidth_gbps() -> float:
-    """Read bandwidth, the resource a decode step spends: weights are only read. A sum over
-    a tensor far larger than the caches reads every byte once and writes nothing."""
-    src = torch.empty(512 * 2**20 // 2, dtype=torch.bfloat16).fill_(1.0)
-    src.sum()
-    best = float("inf")
-    for _ in range(5):
-        t0 = time.perf_counter()
-        src.sum()
-        best = min(best, time.perf_counter() - t0)
-    return src.numel() * src.element_size() / best / 1e9
+    """Read bandwidth, the resource a decode step spends: weights are only read
+    (benchmarks/bandwidth.py, which decode_step.py uses for its floors too)."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    import bandwidth
+
+    return bandwidth.read_gbps()
 
 
 def matmul_floor_ms(engine: Engine, rows: int, repeats: int = 5) -> float:
