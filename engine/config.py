@@ -20,6 +20,7 @@ DTYPES = ("auto", *MODEL_DTYPES)
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")  # vLLM's spellings; fp8 = fp8_e4m3
 PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")
 SPECULATIVE_METHODS = ("ngram",)
+SPECULATIVE_GATES = ("auto", "always")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 TOOL_CALL_PARSERS = ("auto", *FORMATS)
 QUANTIZATIONS = ("int8",)
@@ -184,6 +185,14 @@ class SpeculativeSettings:
         max=64,
     )
     prompt_lookup_min: int = _opt("Shortest n-gram the ngram drafter looks up.", 2, min=1, max=64)
+    speculative_gate: str = _opt(
+        "When drafts are verified (with --speculative-method): 'auto' only where they are expected "
+        "to pay, from each request's recent acceptance and the measured cost of a draft token at "
+        "the running batch size (so a large batch of text that does not repeat decodes plainly); "
+        "'always' on every n-gram match.",
+        "auto",
+        choices=SPECULATIVE_GATES,
+    )
 
 
 @dataclass

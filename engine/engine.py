@@ -21,6 +21,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -177,12 +178,16 @@ class Engine:
     # --- the step: take the inbox -> schedule -> run -> postprocess ---------------------------
     def step(self) -> list[RequestOutput]:
         outputs = self._take_inbox()
+        started = time.perf_counter()
         batch = self.scheduler.schedule(self.speculator.propose(self.scheduler.running), outputs)
         if batch.empty:
             self.scheduler.fail_unrunnable(outputs)
             return outputs
         results = self._run(batch, outputs)
         outputs.extend(self.scheduler.postprocess(batch, results))
+        # What drafting cost this step, for the speculation gate (the whole step: drafts'
+        # rows, their verification and the tokens they add to detokenize).
+        self.speculator.observe_step(batch.decode, batch.extend, time.perf_counter() - started)
         return outputs
 
     def _take_inbox(self) -> list[RequestOutput]:

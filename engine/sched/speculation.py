@@ -5,6 +5,13 @@ The drafter (prompt lookup, engine/sample/spec_decode.py) proposes; the planner 
 drafts KV pages; the runner verifies them as extends and the sampler accepts a prefix
 (engine/sample/sampler.py). A draft only ever speeds a request up, so anything that goes
 wrong here costs that sequence its draft for one step, never the request.
+
+With `--speculative-gate auto` (the default) a draft is verified only where it is expected
+to pay (engine/sched/spec_policy.py): from each sequence's recent acceptance and the
+measured cost of a draft token at this batch size (engine/sched/spec_stats.py). Where it
+does not pay the sequence decodes plainly and, every few steps, looks a draft up without
+verifying it (a shadow draft), so its acceptance stays known and drafting resumes when its
+text starts repeating. `always` drafts on every n-gram match, as before the gate.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from preheat.engine.config import SpeculativeSettings
 from preheat.engine.kv.cache_manager import KVCacheManager
@@ -20,43 +28,151 @@ from preheat.engine.request.sampling_params import SamplingParams
 from preheat.engine.request.sequence import Sequence
 from preheat.engine.runner import BatchEntry, ModelRunner
 from preheat.engine.sample.spec_decode import NgramDrafter, draft_limit
+from preheat.engine.sched.spec_policy import plan_draft_lengths
+from preheat.engine.sched.spec_stats import AcceptanceProfile, StepCosts, resolve
 
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class GateSettings:
+    """The gate's constants. Priors are what it assumes before it has measured anything:
+    a draft token right half the time; a draft token and a drafted sequence each costing
+    up to half a decoded token, a quarter at batch 8, little at batch 1 (spec_policy.
+    prior_cost) — enough to try drafting at once, so all are soon measured."""
+
+    prior_acceptance: float = 0.5
+    prior_draft_cost: float = 0.5
+    prior_sequence_cost: float = 0.5
+    prior_half_batch: int = 8
+    prior_weight: float = 1.0  # pseudo-observations a sequence's estimate starts from
+    sequence_decay: float = 0.8  # a sequence's recent drafts count most
+    global_decay: float = 0.98  # across sequences: the prior of a new one
+    shadow_every: int = 4  # steps between shadow lookups of a sequence kept from drafting
+
+
+@dataclass
+class _SeqState:
+    profile: AcceptanceProfile
+    pending: tuple[int, list[int]] | None = None  # (position of its first token, draft)
+    shadow_in: int = 0
+
+
 class Speculator:
-    def __init__(self, config: SpeculativeSettings) -> None:
+    def __init__(self, config: SpeculativeSettings, gate: GateSettings | None = None) -> None:
         self.enabled = config.speculative_method is not None
         self.num_speculative_tokens = config.num_speculative_tokens
         self.drafter = NgramDrafter(config.prompt_lookup_min, config.prompt_lookup_max)
+        self.gated = config.speculative_gate == "auto"
+        self.gate = gate or GateSettings()
+        self.costs = StepCosts(self.gate.prior_draft_cost, self.gate.prior_sequence_cost, self.gate.prior_half_batch)
+        self.acceptance = AcceptanceProfile(self.num_speculative_tokens, self.gate.global_decay)
+        self._seqs: dict[str, _SeqState] = {}
         self.warmup_seconds = 0.0
         if self.enabled:
             log.info(
-                "speculative decoding: %s, up to %d draft tokens, n-grams of %d..%d tokens",
+                "speculative decoding: %s, up to %d draft tokens, n-grams of %d..%d tokens, gate %s",
                 config.speculative_method, config.num_speculative_tokens,
-                config.prompt_lookup_min, config.prompt_lookup_max,
+                config.prompt_lookup_min, config.prompt_lookup_max, "auto" if self.gated else "always",
             )
 
     def propose(self, running: Iterable[Sequence]) -> dict[str, list[int]]:
-        """A prompt-lookup draft for each decoding sequence (none for a sequence with no
-        n-gram match or no room left before its length limit, none at all when speculation
-        is off). When proposing one raises, that sequence decodes without one this step
-        (logged), and nothing else is affected."""
+        """A prompt-lookup draft for each decoding sequence it is expected to pay for (none
+        for a sequence with no n-gram match or no room left before its length limit, none
+        at all when speculation is off). When proposing one raises, that sequence decodes
+        without one this step (logged), and nothing else is affected."""
         if not self.enabled:
             return {}
+        running = list(running)
+        decoding = [s for s in running if s.num_computed == s.num_tokens - 1]  # the rest prefill
+        limits = [draft_limit(self.num_speculative_tokens, s.num_tokens, s.max_total_tokens) for s in decoding]
+        if not self.gated:
+            return self._lookup(decoding, limits, limits)
+        self._track(running, decoding)
+        return self._lookup(decoding, self._lengths(decoding, limits), limits)
+
+    def _lengths(self, decoding: list[Sequence], limits: list[int]) -> list[int]:
+        """The gate: draft tokens each decoding sequence may verify this step."""
+        batch = len(decoding)
+        if not batch or self.costs.wants_plain(batch):
+            return [0] * batch
+        g = self.gate
+        prior = self.acceptance.gains(self.num_speculative_tokens, [g.prior_acceptance] * self.num_speculative_tokens,
+                                      g.prior_weight)
+        gains = [self._seqs[s.request_id].profile.gains(limit, prior, g.prior_weight)
+                 for s, limit in zip(decoding, limits)]
+        kappa, sigma = self.costs.costs(batch)
+        lengths = plan_draft_lengths(gains, batch, kappa, sigma)
+        if not any(lengths) and self.costs.wants_draft_probe(batch):
+            # Drafts kept out for a while: were they kept out by their cost alone (they would
+            # pay at the prior's cost)? Then draft once to measure that cost again (load
+            # changes; it may have been measured in a bad moment).
+            prior_kappa, prior_sigma = self.costs.prior(batch)
+            lengths = plan_draft_lengths(gains, batch, min(kappa, prior_kappa), min(sigma, prior_sigma))
+        return lengths
+
+    def _lookup(self, decoding: list[Sequence], lengths: list[int], limits: list[int]) -> dict[str, list[int]]:
         drafts = {}
-        for seq in running:
-            if seq.num_computed != seq.num_tokens - 1:
-                continue  # still prefilling
+        for seq, n, limit in zip(decoding, lengths, limits):
             try:
-                limit = draft_limit(self.num_speculative_tokens, seq.num_tokens, seq.max_total_tokens)
-                draft = self.drafter.propose(seq.all_token_ids, limit)[:limit] if limit else []
+                if n:
+                    draft = self.drafter.propose(seq.all_token_ids, n)[:n]
+                    if draft:
+                        drafts[seq.request_id] = draft
+                    if self.gated:
+                        self._remember(seq, draft)
+                elif self.gated and limit:
+                    self._shadow(seq, limit)
             except Exception:
                 log.exception("request %s: proposing a draft failed; it decodes without one", seq.request_id)
-                continue
-            if draft:
-                drafts[seq.request_id] = draft
         return drafts
+
+    def _shadow(self, seq: Sequence, limit: int) -> None:
+        """A draft looked up and remembered but not verified, every few steps."""
+        state = self._seqs[seq.request_id]
+        if state.shadow_in > 0:
+            state.shadow_in -= 1
+            return
+        if state.pending is not None:
+            return  # the last one is still being scored
+        state.shadow_in = self.gate.shadow_every - 1
+        self._remember(seq, self.drafter.propose(seq.all_token_ids, limit)[:limit])
+
+    def _remember(self, seq: Sequence, draft: list[int]) -> None:
+        state = self._seqs[seq.request_id]
+        if state.pending is not None:  # a shadow overtaken by a real draft: what is known of it
+            self._observe(state, *resolve(state.pending[1], seq.all_token_ids[state.pending[0]:])[:2])
+        state.pending = (seq.num_tokens, draft) if draft else None
+
+    def _track(self, running: list[Sequence], decoding: list[Sequence]) -> None:
+        """Forgets sequences that left; scores the drafts whose tokens have arrived."""
+        live = {s.request_id for s in running}
+        for rid in [r for r in self._seqs if r not in live]:
+            del self._seqs[rid]
+        for seq in decoding:
+            state = self._seqs.get(seq.request_id)
+            if state is None:
+                self._seqs[seq.request_id] = _SeqState(
+                    AcceptanceProfile(self.num_speculative_tokens, self.gate.sequence_decay))
+                continue
+            if state.pending is None:
+                continue
+            start, draft = state.pending
+            known, accepted, final = resolve(draft, seq.all_token_ids[start:])
+            if final:
+                self._observe(state, known, accepted)
+                state.pending = None
+
+    def _observe(self, state: _SeqState, known: int, accepted: int) -> None:
+        state.profile.observe(known, accepted)
+        self.acceptance.observe(known, accepted)
+
+    def observe_step(self, decode: list[BatchEntry], extend: list[BatchEntry], seconds: float) -> None:
+        """Times a step for the gate: steps that ran only decodes and drafts (a prompt chunk
+        would make the time say nothing about either)."""
+        if not (self.enabled and self.gated) or any(not e.draft for e in extend):
+            return
+        self.costs.observe(len(decode) + len(extend), len(extend), sum(len(e.draft or ()) for e in extend), seconds)
 
 
 def warm_speculation(

@@ -290,6 +290,10 @@ def test_vllm_style_speculative_config_maps_to_our_settings() -> None:
         "ngram", 6, 3, 1,
     )
     assert parse_args([]).speculative_method is None
+    assert parse_args([]).speculative_gate == "auto"
+    assert parse_args(["--speculative-gate", "always"]).speculative_gate == "always"
+    with pytest.raises(ConfigError, match="--speculative-gate"):
+        EngineConfig(speculative_method="ngram", speculative_gate="sometimes")
     with pytest.raises(ConfigError, match="--speculative-method"):
         EngineConfig(speculative_method="eagle")
     with pytest.raises(ConfigError, match="--prompt-lookup-min"):

@@ -35,8 +35,11 @@ def small_prompts(seed: int) -> list[list[int]]:
 
 
 def spec_llm(model_dir: Path, **kw) -> LLM:
+    """These tests are about verifying drafts: every match is verified (`always`) unless a
+    test asks for the gate, whose decisions rest on measured step times."""
     kw.setdefault("page_size", 4)
     kw.setdefault("max_total_tokens", 4096)
+    kw.setdefault("speculative_gate", "always")
     return LLM(model=str(model_dir), dtype="float32", speculative_method="ngram", **kw)
 
 
@@ -98,6 +101,38 @@ def test_ngram_greedy_equals_greedy_without_speculation(model_fixture, request) 
     assert stats.generation_tokens_total == 2 * sum(len(e) for e in expected)
     assert llm.engine.pool.num_used_pages == llm.engine.radix.total_pages  # nothing leaked
     assert_cached_kv_is_verified(llm, model_dir)
+
+
+def test_the_gate_stays_exact_and_verifies_right_drafts_but_not_wrong_ones(small_vocab_llama_dir) -> None:
+    """`--speculative-gate auto`: the greedy output is the plain one whatever it decides; with
+    drafts that are always right it verifies them, with drafts that are never right it soon
+    stops (the cost of a draft token is pinned here: the decision, not this machine's
+    timing, is under test)."""
+    prompts = small_prompts(4)
+    params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+    plain = LLM(model=str(small_vocab_llama_dir), dtype="float32", page_size=4, max_total_tokens=4096)
+    expected = [r.token_ids for r in plain.generate(prompts, params)]
+
+    llm = spec_llm(small_vocab_llama_dir, speculative_gate="auto", num_speculative_tokens=4)
+    spec = llm.engine.speculator
+    spec.costs.costs = lambda batch: (0.3, 0.3)  # (kappa, sigma)
+    spec.drafter = OracleDrafter(prompts, expected, SMALL_VOCAB, seed=4)
+    spec.drafter.rng.random = lambda: 0.0  # whole, right drafts
+    assert [r.token_ids for r in llm.generate(prompts, params)] == expected
+    right = llm.engine.stats()
+    assert right.spec_accepted_tokens_total == right.spec_draft_tokens_total > right.generation_tokens_total / 2
+
+    wrong = OracleDrafter(prompts, expected, SMALL_VOCAB, seed=5)
+    wrong.rng.random = lambda: 0.9  # wrong throughout
+    spec.drafter = wrong
+    spec.acceptance = type(spec.acceptance)(4, spec.gate.global_decay)  # forget the right ones
+    assert [r.token_ids for r in llm.generate(prompts, params)] == expected
+    stats = llm.engine.stats()
+    drafted = stats.spec_draft_tokens_total - right.spec_draft_tokens_total
+    steps = max(len(e) for e in expected)
+    assert 0 < drafted < 4 * len(prompts) * steps / 4  # tried at first, then stepped aside
+    assert wrong.calls < len(prompts) * steps  # and only looked up now and then
+    assert llm.engine.pool.num_used_pages == llm.engine.radix.total_pages
 
 
 def test_oracle_drafts_accepted_whole_in_part_or_not_at_all_stay_exact_under_preemption(small_vocab_llama_dir) -> None:
@@ -357,7 +392,10 @@ def test_embedded_smollm2_greedy_equals_greedy_without_speculation() -> None:
     params = SamplingParams(max_tokens=48, temperature=0)
     expected = [r.token_ids for r in plain.generate(prompts, params)]
     del plain
-    llm = LLM(dtype="float32", max_total_tokens=2048, page_size=16, speculative_method="ngram")
+    # every match verified: in float32 a draft's extend costs the torch path most of a step,
+    # and on these answers the gate (`auto`) rightly leaves drafting off
+    llm = LLM(dtype="float32", max_total_tokens=2048, page_size=16, speculative_method="ngram",
+              speculative_gate="always")
     assert [r.token_ids for r in llm.generate(prompts, params)] == expected
     stats = llm.engine.stats()
     assert stats.spec_accepted_tokens_total > 0  # real text repeats: some drafts are kept

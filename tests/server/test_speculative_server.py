@@ -16,7 +16,8 @@ REPEAT = [{"role": "user", "content": "Repeat exactly, twice: the red bicycle is
 @pytest.fixture(scope="module")
 def spec_server(tmp_path_factory):
     srv = start_server(tmp_path_factory.mktemp("spec-server"), "--api-key", API_KEY,
-                       "--speculative-method", "ngram", "--num-speculative-tokens", "4")
+                       "--speculative-method", "ngram", "--num-speculative-tokens", "4",
+                       "--speculative-gate", "always")  # the plumbing, whatever the gate would decide
     yield srv
     srv.stop()
 

@@ -1,0 +1,200 @@
+"""What speculation's gate (engine/sched/spec_policy.py) decides from: each sequence's recent
+acceptance and the measured cost of a draft token.
+
+Acceptance is learnt from the token stream, not from the verify step: a draft proposed at
+position p is compared with the tokens the sequence actually has at p, p+1, ... once they
+exist. For a verified draft that is exactly what the sampler accepted (greedy keeps the
+agreeing prefix; speculative sampling keeps d with probability p(d) and otherwise samples
+from p without d, so the token equals d exactly when d was accepted). For a *shadow* draft
+— looked up for a sequence the gate kept from drafting, never verified — it is what would
+have been accepted (greedy), or a draw with the same probability (sampling: the token
+equals d with probability p(d)). So a sequence the gate stepped aside for keeps an honest
+estimate, and drafts again when its text starts repeating.
+
+Costs are timed steps: the median time of a step without drafts at each batch size (a
+median, because on a shared machine a step now and then takes far longer for reasons of its
+own), and what drafts added over it, fitted as a cost per drafted sequence (its attention
+runs as an extend; its draft goes through the verify sampler) plus a cost per draft token
+(a row through every matrix and the LM head). Both terms are needed: with one per-token
+cost, short drafts look dear (the per-sequence part spread over few tokens), the gate
+shortens drafts, they look dearer still, and drafting stops where it would have paid.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from collections.abc import Sequence
+
+from preheat.engine.sched.spec_policy import prior_cost
+
+
+def resolve(draft: Sequence[int], tokens_after: Sequence[int]) -> tuple[int, int, bool]:
+    """Compares a draft with the tokens the sequence has since the draft's first position.
+    Returns (positions known, of which accepted, final): final once the draft's fate is
+    sealed (a mismatch, or every draft token matched); before that the matching tokens so
+    far are known accepted and the rest unknown."""
+    accepted = 0
+    for d, t in zip(draft, tokens_after):
+        if d != t:
+            return len(draft), accepted, True  # the first mismatch ends it: later tokens all fail
+        accepted += 1
+    return accepted, accepted, accepted == len(draft)
+
+
+class AcceptanceProfile:
+    """Per draft position j, an exponentially weighted estimate of P(the first j+1 draft
+    tokens are all accepted). `decay` is the weight an old observation keeps per new one."""
+
+    def __init__(self, length: int, decay: float) -> None:
+        self.hits = [0.0] * length
+        self.trials = [0.0] * length
+        self.decay = decay
+
+    def observe(self, known: int, accepted: int) -> None:
+        for j in range(min(known, len(self.trials))):
+            self.trials[j] = self.decay * self.trials[j] + 1.0
+            self.hits[j] = self.decay * self.hits[j] + (1.0 if j < accepted else 0.0)
+
+    def gains(self, limit: int, prior: Sequence[float], prior_weight: float) -> list[float]:
+        """The first `limit` positions' estimates, each pulled toward `prior` by
+        `prior_weight` pseudo-observations, made non-increasing (accepting j+1 tokens
+        needs the first j)."""
+        out: list[float] = []
+        last = 1.0
+        for j in range(min(limit, len(self.trials))):
+            g = (self.hits[j] + prior_weight * prior[j]) / (self.trials[j] + prior_weight)
+            last = min(last, g)
+            out.append(last)
+        return out
+
+
+class StepCosts:
+    """Measured step times: by batch size, steps without drafts; pooled, what drafts added
+    to a step over that (seconds per drafted sequence and per draft token, a least-squares
+    fit over the last `window` drafted steps, pulled toward the prior as if it were
+    `prior_samples` of them, so one odd step — the first at a new shape, a stall of the
+    machine — cannot by itself decide)."""
+
+    def __init__(self, prior_draft_cost: float, prior_sequence_cost: float, prior_half_batch: int = 0,
+                 window: int = 32, plain_window: int = 15, plain_refresh: int = 32, draft_probe: int = 32,
+                 prior_samples: int = 2) -> None:
+        self.prior_most = (prior_draft_cost, prior_sequence_cost)
+        self.prior_half_batch = prior_half_batch
+        self.plain_refresh = plain_refresh
+        self.draft_probe = draft_probe
+        self.prior_samples = prior_samples
+        self.plain_window = plain_window
+        self.plain: dict[int, deque[float]] = {}
+        self.drafted: deque[tuple[int, int, float]] = deque(maxlen=window)  # (sequences, tokens, extra s)
+        self.drafted_since_plain: dict[int, int] = {}
+        self.plain_since_drafted: dict[int, int] = {}
+
+    def observe(self, batch_size: int, drafted_seqs: int, draft_tokens: int, seconds: float) -> None:
+        if batch_size <= 0:
+            return
+        if draft_tokens == 0:
+            self.plain.setdefault(batch_size, deque(maxlen=self.plain_window)).append(seconds)
+            self.drafted_since_plain[batch_size] = 0
+            self.plain_since_drafted[batch_size] = self.plain_since_drafted.get(batch_size, 0) + 1
+            return
+        self.drafted_since_plain[batch_size] = self.drafted_since_plain.get(batch_size, 0) + 1
+        self.plain_since_drafted[batch_size] = 0
+        plain = self.plain_seconds(batch_size)
+        if plain is None:
+            return  # nothing to compare with yet
+        extra = seconds - plain  # may be negative: noise; the fit copes
+        if extra > plain * (drafted_seqs + draft_tokens):
+            return  # each draft token dearer than a whole step: a stall, not a cost
+        kappa, sigma = self.costs(batch_size)
+        predicted = (sigma * drafted_seqs + kappa * draft_tokens) * plain / batch_size
+        self.drafted.append((drafted_seqs, draft_tokens, extra))
+        if extra < predicted:
+            # Cheaper than believed: if drafts were being kept out, probe again next step, so
+            # a cost measured in a bad moment is outvoted in a few steps, not a few hundred.
+            self.plain_since_drafted[batch_size] = self.draft_probe
+
+    def plain_seconds(self, batch_size: int) -> float | None:
+        """Median step time without drafts at this batch size, or at the nearest one seen."""
+        if batch_size in self.plain:
+            return statistics.median(self.plain[batch_size])
+        if not self.plain:
+            return None
+        nearest = min(self.plain, key=lambda b: (abs(b - batch_size), b))
+        return statistics.median(self.plain[nearest])
+
+    def costs(self, batch_size: int) -> tuple[float, float]:
+        """(kappa, sigma) at this batch size: a draft token's and a drafted sequence's extra
+        time in decoded tokens' worth (spec_policy); the prior until steps are timed."""
+        prior = self.prior(batch_size)
+        plain = self.plain_seconds(batch_size)
+        if plain is None or not self.drafted:
+            return prior
+        unit = plain / batch_size  # one decoded token's share of the step
+        per_token, per_seq = fit_costs(self.drafted, prior[0] * unit, prior[1] * unit, self.prior_samples)
+        return per_token / unit, per_seq / unit
+
+    def prior(self, batch_size: int) -> tuple[float, float]:
+        """(kappa, sigma) before anything is measured: with `prior_half_batch`, rising with
+        the batch as a step's share per token falls (spec_policy.prior_cost)."""
+        kappa, sigma = self.prior_most
+        return prior_cost(batch_size, kappa, self.prior_half_batch), prior_cost(batch_size, sigma, self.prior_half_batch)
+
+    def wants_plain(self, batch_size: int) -> bool:
+        """True when this batch size has drafted for `plain_refresh` steps in a row (two,
+        while it has no plain step timed at all): one step without drafts then gives, or
+        refreshes, the time drafted steps are measured against (contexts grow and the
+        machine's load moves, so an old one drifts)."""
+        due = self.plain_refresh if batch_size in self.plain else min(2, self.plain_refresh)
+        return self.drafted_since_plain.get(batch_size, 0) >= due
+
+    def wants_draft_probe(self, batch_size: int) -> bool:
+        """True when this batch size has gone `draft_probe` timed steps without a draft: the
+        cost that keeps drafts out is then measured again (load changes; it may have been
+        measured in a bad moment), if drafts could pay at a lower cost."""
+        return self.plain_since_drafted.get(batch_size, 0) >= self.draft_probe
+
+
+RIDGE = 0.25
+
+
+def fit_costs(samples: Sequence[tuple[int, int, float]], prior_token: float, prior_seq: float,
+              prior_samples: int) -> tuple[float, float]:
+    """extra = per_seq * sequences + per_token * tokens over the samples: the split between
+    the two from least squares pulled lightly toward the prior's split (a ridge worth
+    `RIDGE` typical samples: it settles the split when every draft had the same length),
+    the level from the median of each sample's extra over that fit's (the prior voting as
+    `prior_samples` of them), so a stall or two cannot move it. Returns (per_token,
+    per_seq), neither below 0."""
+    per_token, per_seq = _ridge(samples, prior_token, prior_seq, RIDGE)
+    if per_token <= 0 and per_seq <= 0:
+        per_token, per_seq = prior_token, prior_seq
+    d_mean = sum(d for d, _, _ in samples) / len(samples)
+    k_mean = sum(k for _, k, _ in samples) / len(samples)
+    at_mean = per_seq * d_mean + per_token * k_mean
+    ratios = [e / (per_seq * d + per_token * k) for d, k, e in samples]
+    ratios += [(prior_seq * d_mean + prior_token * k_mean) / at_mean] * prior_samples
+    scale = max(0.0, statistics.median(ratios))
+    return per_token * scale, per_seq * scale
+
+
+def _ridge(samples: Sequence[tuple[int, int, float]], prior_token: float, prior_seq: float,
+           prior_samples: float) -> tuple[float, float]:
+    n = len(samples)
+    sdd = sum(d * d for d, _, _ in samples)
+    skk = sum(k * k for _, k, _ in samples)
+    sdk = sum(d * k for d, k, _ in samples)
+    sde = sum(d * e for d, _, e in samples)
+    ske = sum(k * e for _, k, e in samples)
+    lam_d = prior_samples * sdd / max(n, 1) or 1e-9
+    lam_k = prior_samples * skk / max(n, 1) or 1e-9
+    a, b, c = sdd + lam_d, sdk, skk + lam_k
+    y1, y2 = sde + lam_d * prior_seq, ske + lam_k * prior_token
+    det = a * c - b * b
+    per_seq = (y1 * c - b * y2) / det
+    per_token = (a * y2 - b * y1) / det
+    if per_seq < 0:  # refit the other with this one at 0
+        per_seq, per_token = 0.0, (ske + lam_k * prior_token) / c
+    if per_token < 0:
+        per_token, per_seq = 0.0, max(0.0, (sde + lam_d * prior_seq) / a)
+    return per_token, per_seq

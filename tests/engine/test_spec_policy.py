@@ -1,0 +1,351 @@
+"""Speculation's gate without a model: the pure decision (how many draft tokens each sequence
+verifies, from acceptance, batch size and the measured cost of a draft token), the estimates
+it decides from (acceptance scored against the token stream, step costs), and the
+Speculator using them over stand-in sequences and drafters."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from dataclasses import dataclass, field
+
+import pytest
+
+from preheat.engine.config import EngineConfig
+from preheat.engine.runner import BatchEntry
+from preheat.engine.sched.spec_policy import draft_cost, expected_speedup, plan_draft_lengths, prior_cost
+from preheat.engine.sched.spec_stats import AcceptanceProfile, StepCosts, fit_costs, resolve
+from preheat.engine.sched.speculation import Speculator
+
+# --- the decision -------------------------------------------------------------------------------
+
+
+def test_batch_one_drafts_in_full_when_a_draft_token_is_cheap() -> None:
+    assert plan_draft_lengths([[0.9, 0.8, 0.7, 0.6]], batch_size=1, draft_cost=0.06) == [4]
+
+
+def test_a_large_batch_steps_aside_for_drafts_that_are_seldom_right() -> None:
+    gains = [[0.3, 0.2, 0.1, 0.05]] * 16
+    assert plan_draft_lengths(gains, batch_size=16, draft_cost=0.5) == [0] * 16
+
+
+def test_the_same_acceptance_pays_at_batch_one_and_not_at_sixteen() -> None:
+    # kappa grows with the batch: the measured cost of a row against a step's share per token
+    gains = [0.45, 0.3, 0.2, 0.15]
+    assert plan_draft_lengths([gains], 1, draft_cost=0.06)[0] == 4
+    assert plan_draft_lengths([gains] * 16, 16, draft_cost=0.5) == [0] * 16
+
+
+def test_only_the_sequences_whose_drafts_are_right_draft() -> None:
+    gains = [[0.95, 0.9, 0.85, 0.8], [0.1, 0.01, 0.0, 0.0]] + [[0.2, 0.1, 0.05, 0.0]] * 6
+    lengths = plan_draft_lengths(gains, batch_size=8, draft_cost=0.25)
+    assert lengths[0] == 4 and lengths[1:] == [0] * 7
+
+
+def test_a_draft_is_cut_where_its_tokens_stop_paying() -> None:
+    lengths = plan_draft_lengths([[0.9, 0.6, 0.3, 0.1]], batch_size=8, draft_cost=0.4)
+    assert lengths == [2]  # 0.9 and 0.6 clear ~0.44 (with the margin); 0.3 does not
+
+
+def test_a_dear_drafted_sequence_needs_a_long_right_draft() -> None:
+    # one right token does not pay for a sequence's extend; four do
+    assert plan_draft_lengths([[0.9]], 8, draft_cost=0.1, sequence_cost=1.0) == [0]
+    assert plan_draft_lengths([[0.9, 0.9, 0.9, 0.9]], 8, draft_cost=0.1, sequence_cost=1.0) == [4]
+    # and once a sequence drafts, its further tokens pay their own row only
+    assert plan_draft_lengths([[0.9, 0.5, 0.3, 0.15]], 8, 0.1, 1.0) == [4]
+
+
+def test_no_batch_or_no_candidates_means_no_drafts() -> None:
+    assert plan_draft_lengths([], 4, 0.1) == []
+    assert plan_draft_lengths([[0.9]], 0, 0.1) == [0]
+    assert plan_draft_lengths([[]], 1, 0.0) == [0]
+
+
+def test_free_drafts_are_always_taken_and_worthless_ones_never() -> None:
+    assert plan_draft_lengths([[0.01, 0.01]], 32, 0.0) == [2]
+    assert plan_draft_lengths([[0.0, 0.0]], 1, 0.01) == [0]
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_the_lengths_are_the_best_of_every_choice_of_draft_prefixes(seed: int) -> None:
+    rng = random.Random(seed)
+    n, k = rng.randint(1, 4), rng.randint(1, 4)
+    batch = n + rng.randint(0, 8)
+    gains = []
+    for _ in range(n):
+        g, row = 1.0, []
+        for _ in range(rng.randint(0, k)):
+            g *= rng.random() ** 0.5
+            row.append(g)
+        gains.append(row)
+    kappa, sigma, margin = rng.choice([0.0, 0.05, 0.2, 0.5, 1.0]), rng.choice([0.0, 0.1, 0.5, 1.5]), 0.1
+    got = plan_draft_lengths(gains, batch, kappa, sigma, margin)
+    priced = kappa * (1 + margin), sigma * (1 + margin)
+    best = max(expected_speedup(gains, c, batch, *priced)
+               for c in itertools.product(*[range(len(g) + 1) for g in gains]))
+    assert expected_speedup(gains, got, batch, *priced) == pytest.approx(best, rel=1e-12)
+    assert best > 1.0 or not any(got)  # drafts only when they beat decoding plainly
+    assert all(0 <= m <= len(g) for m, g in zip(got, gains))
+
+
+def test_draft_cost_is_a_row_in_decoded_tokens_worth() -> None:
+    # 48 ms for 8 tokens = 6 ms a token; a draft token adds 1.5 ms = a quarter of one
+    assert draft_cost(8, 0.048, 0.0015) == pytest.approx(0.25)
+    assert draft_cost(8, 0.048, 0.003) == pytest.approx(0.5)  # a drafted sequence's 3 ms: sigma
+    assert draft_cost(0, 0.048, 0.0015) == float("inf")
+
+
+def test_the_prior_cost_rises_with_the_batch() -> None:
+    assert prior_cost(1, 0.5, 8) == pytest.approx(0.5 / 9)
+    assert prior_cost(8, 0.5, 8) == pytest.approx(0.25)
+    assert prior_cost(64, 0.5, 8) < 0.5
+    assert prior_cost(3, 0.5, 0) == 0.5
+    c = StepCosts(0.5, 0.5, prior_half_batch=8)
+    assert c.costs(1) == pytest.approx((0.5 / 9, 0.5 / 9)) and c.costs(8) == pytest.approx((0.25, 0.25))
+
+
+# --- what it decides from ---------------------------------------------------------------------
+
+
+def test_a_draft_is_scored_against_the_tokens_that_came() -> None:
+    assert resolve([5, 6, 7], [5, 6, 9, 1]) == (3, 2, True)  # a mismatch seals it
+    assert resolve([5, 6, 7], [5, 6, 7, 1]) == (3, 3, True)  # all kept
+    assert resolve([5, 6, 7], [5, 6]) == (2, 2, False)  # so far so good
+    assert resolve([5, 6, 7], [4]) == (3, 0, True)
+    assert resolve([5, 6, 7], []) == (0, 0, False)
+
+
+def test_the_acceptance_profile_learns_per_position_and_falls_with_it() -> None:
+    p = AcceptanceProfile(4, decay=1.0)
+    for _ in range(3):
+        p.observe(4, 4)  # whole drafts kept
+    p.observe(4, 1)  # then one kept after a single token
+    assert p.gains(4, [0.5] * 4, prior_weight=0.0) == pytest.approx([1.0, 0.75, 0.75, 0.75])
+    # pulled toward the prior with no observations; never rising with the position
+    assert AcceptanceProfile(3, 0.9).gains(3, [0.5, 0.7, 0.2], prior_weight=2.0) == pytest.approx([0.5, 0.5, 0.2])
+    assert p.gains(2, [0.5] * 4, 0.0) == pytest.approx([1.0, 0.75])  # only as many as asked
+
+
+def test_old_observations_fade() -> None:
+    p = AcceptanceProfile(1, decay=0.5)
+    for _ in range(10):
+        p.observe(1, 0)
+    for _ in range(5):
+        p.observe(1, 1)
+    assert p.gains(1, [0.0], 0.0)[0] > 0.9
+
+
+def test_step_costs_from_plain_and_drafted_steps() -> None:
+    c = StepCosts(prior_draft_cost=0.25, prior_sequence_cost=0.5)
+    assert c.costs(8) == (0.25, 0.5)  # nothing timed yet: the prior
+    for _ in range(5):
+        c.observe(8, 0, 0, 0.048)
+    assert c.costs(8) == (0.25, 0.5)  # no drafted step yet
+    # 6 ms a decoded token; a draft token adds 1.5 ms (kappa 0.25), a drafted sequence 3 ms (sigma 0.5)
+    for d, k in [(8, 32), (8, 8), (2, 8), (4, 4), (1, 4), (8, 16)] * 4:
+        c.observe(8, d, k, 0.048 + d * 0.003 + k * 0.0015)
+    kappa, sigma = c.costs(8)
+    assert kappa == pytest.approx(0.25, rel=0.02) and sigma == pytest.approx(0.5, rel=0.05)
+    # another batch size: its own plain time; the seconds a draft costs carry over
+    for _ in range(3):
+        c.observe(16, 0, 0, 0.072)
+    kappa, sigma = c.costs(16)
+    assert kappa == pytest.approx(0.0015 * 16 / 0.072, rel=0.05)
+
+
+def test_a_cost_per_sequence_is_not_mistaken_for_dear_tokens() -> None:
+    c = StepCosts(0.25, 0.25)
+    for _ in range(3):
+        c.observe(16, 0, 0, 0.040)
+    # drafts of one token: 4 ms each, almost all of it the sequence's extend, not the token
+    for d, k in [(4, 4), (2, 2), (8, 8), (4, 16), (8, 32)] * 4:
+        c.observe(16, d, k, 0.040 + d * 0.0035 + k * 0.0005)
+    kappa, sigma = c.costs(16)
+    # one cost per token would have said (3.5 d + 0.5 k) / k ms: 1.4 to 4 ms, kappa 0.6 to 1.6
+    assert kappa == pytest.approx(0.0005 * 16 / 0.040, rel=0.3)
+    assert sigma == pytest.approx(0.0035 * 16 / 0.040, rel=0.1)
+
+
+def test_the_fit_keeps_the_prior_split_when_drafts_all_have_one_length() -> None:
+    per_token, per_seq = fit_costs([(4, 16, 4 * 0.002 + 16 * 0.001)] * 10, 0.001, 0.002, 2)
+    assert per_token == pytest.approx(0.001) and per_seq == pytest.approx(0.002)
+    per_token, per_seq = fit_costs([(2, 2, -0.01)] * 5, 0.001, 0.001, 2)  # noise below zero
+    assert per_token >= 0 and per_seq >= 0
+
+
+def test_one_odd_drafted_step_does_not_by_itself_keep_drafts_out() -> None:
+    c = StepCosts(prior_draft_cost=0.25, prior_sequence_cost=0.25, prior_samples=2)
+    for _ in range(3):
+        c.observe(1, 0, 0, 0.012)
+    c.observe(1, 1, 4, 0.012 + 4 * 0.01)  # the first verify at a new shape, or a stall
+    kappa, sigma = c.costs(1)
+    assert kappa + sigma / 4 < 1.5 * (0.25 + 0.25 / 4)  # near the prior, not at 3.3
+    c.observe(1, 1, 4, 0.012 + 40 * 0.012)  # each draft token dearer than a whole step: dropped
+    assert len(c.drafted) == 1
+
+
+def test_a_batch_size_kept_from_drafting_asks_for_a_probe_now_and_then() -> None:
+    c = StepCosts(0.25, 0.25, draft_probe=3)
+    for _ in range(2):
+        c.observe(8, 0, 0, 0.05)
+        assert not c.wants_draft_probe(8)
+    c.observe(8, 0, 0, 0.05)
+    assert c.wants_draft_probe(8)
+    c.observe(8, 4, 16, 0.20)  # dearer than believed
+    assert not c.wants_draft_probe(8)
+    c.observe(8, 4, 4, 0.051)  # cheaper than believed: probe again at once
+    assert c.wants_draft_probe(8)
+
+
+def test_a_batch_size_that_always_drafts_gets_a_plain_step_now_and_then() -> None:
+    c = StepCosts(0.25, 0.25, plain_refresh=3)
+    c.observe(4, 2, 8, 0.012)
+    c.observe(4, 2, 8, 0.012)
+    assert c.wants_plain(4)  # never timed without drafts: soon
+    c.observe(4, 0, 0, 0.01)
+    for _ in range(3):
+        assert not c.wants_plain(4)
+        c.observe(4, 2, 8, 0.012)
+    assert c.wants_plain(4)
+    c.observe(4, 0, 0, 0.01)
+    assert not c.wants_plain(4)
+
+
+# --- the Speculator over stand-ins ------------------------------------------------------------
+
+
+@dataclass
+class FakeSeq:
+    request_id: str
+    all_token_ids: list[int]
+    max_total_tokens: int = 10_000
+    num_computed: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.num_computed = len(self.all_token_ids) - 1
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    def append(self, token: int) -> None:
+        self.all_token_ids.append(token)
+        self.num_computed = len(self.all_token_ids) - 1
+
+
+class StreamDrafter:
+    """Drafts each sequence's true continuation (`right`) or tokens it never produces."""
+
+    def __init__(self, streams: dict[int, list[int]], right: bool) -> None:
+        self.streams, self.right, self.calls = streams, right, 0
+
+    def propose(self, token_ids: list[int], num_tokens: int) -> list[int]:
+        self.calls += 1
+        stream = self.streams[token_ids[0]]
+        if self.right:
+            return stream[len(token_ids) : len(token_ids) + num_tokens]
+        return [-1] * num_tokens
+
+
+def speculator(gate: str = "auto") -> Speculator:
+    return Speculator(EngineConfig(speculative_method="ngram", num_speculative_tokens=4, speculative_gate=gate))
+
+
+def drive(spec: Speculator, seqs: list[FakeSeq], streams: dict[int, list[int]], steps: int,
+          plain_s: float, per_draft_s: float) -> tuple[int, int]:
+    """Steps the stand-ins as the engine would: each takes its draft's agreeing prefix plus
+    one token (or one token), and the step is timed as plain_s + per_draft_s per draft token.
+    Returns (draft tokens, accepted)."""
+    drafted = accepted = 0
+    for _ in range(steps):
+        drafts = spec.propose(seqs)
+        extend = []
+        for s in seqs:
+            stream, draft = streams[s.all_token_ids[0]], drafts.get(s.request_id, [])
+            take = 0
+            while take < len(draft) and draft[take] == stream[s.num_tokens + take]:
+                take += 1
+            for _ in range(take + 1):
+                s.append(stream[s.num_tokens])
+            drafted, accepted = drafted + len(draft), accepted + take
+            if draft:
+                extend.append(BatchEntry(s, s.num_computed, 1 + len(draft), True, draft))
+        decode = [BatchEntry(s, s.num_computed, 1, True) for s in seqs if s.request_id not in drafts]
+        spec.observe_step(decode, extend, plain_s + per_draft_s * sum(len(d) for d in drafts.values()))
+    return drafted, accepted
+
+
+def make(n: int) -> tuple[list[FakeSeq], dict[int, list[int]]]:
+    streams = {i: [i] + [random.Random(i).randrange(1000, 2000) for _ in range(5000)] for i in range(n)}
+    return [FakeSeq(f"r{i}", streams[i][:20]) for i in range(n)], streams
+
+
+def test_wrong_drafts_at_batch_eight_stop_being_verified_but_are_still_watched() -> None:
+    seqs, streams = make(8)
+    spec = speculator()
+    spec.drafter = StreamDrafter(streams, right=False)
+    # a draft token costs half a decoded token's share: wrong drafts are pure loss
+    early, _ = drive(spec, seqs, streams, 10, plain_s=0.048, per_draft_s=0.003)
+    assert early > 0  # the priors let it try
+    later, _ = drive(spec, seqs, streams, 40, plain_s=0.048, per_draft_s=0.003)
+    assert later == 0
+    calls = spec.drafter.calls
+    drive(spec, seqs, streams, 40, 0.048, 0.003)
+    # shadow lookups every few steps per sequence, not one per sequence and step
+    assert 0 < spec.drafter.calls - calls <= 40 * 8 / spec.gate.shadow_every + 8
+
+
+def test_right_drafts_are_verified_in_full_at_batch_eight_when_they_pay() -> None:
+    seqs, streams = make(8)
+    spec = speculator()
+    spec.drafter = StreamDrafter(streams, right=True)
+    drive(spec, seqs, streams, 10, 0.048, 0.0015)
+    drafted, accepted = drive(spec, seqs, streams, 30, 0.048, 0.0015)
+    # all but the occasional plain step that refreshes the time drafts are measured against
+    assert drafted >= 30 * 8 * 4 * 0.9 and accepted == drafted
+
+
+def test_a_sequence_kept_from_drafting_drafts_again_when_its_drafts_turn_right() -> None:
+    seqs, streams = make(8)
+    spec = speculator()
+    wrong = StreamDrafter(streams, right=False)
+    spec.drafter = wrong
+    drive(spec, seqs, streams, 40, 0.048, 0.003)
+    assert drive(spec, seqs, streams, 10, 0.048, 0.003)[0] == 0
+    spec.drafter = StreamDrafter(streams, right=True)  # the text starts repeating
+    drive(spec, seqs, streams, 40, 0.048, 0.003)  # shadow drafts, scored as they come true
+    drafted, accepted = drive(spec, seqs, streams, 20, 0.048, 0.003)
+    assert drafted > 20 * 8 * 2 and accepted == drafted
+
+
+def test_drafts_kept_out_by_a_bad_cost_reading_come_back_when_it_is_measured_again() -> None:
+    seqs, streams = make(1)
+    spec = speculator()
+    spec.drafter = StreamDrafter(streams, right=True)
+    for _ in range(spec.costs.drafted.maxlen):  # a bad moment: every drafted step looked dear
+        spec.costs.observe(1, 0, 0, 0.010)
+        spec.costs.observe(1, 1, 4, 0.010 + 4 * 0.012)
+    spec.costs.observe(1, 0, 0, 0.010)
+    kappa, sigma = spec.costs.costs(1)
+    assert 4 * kappa + sigma > 4.5  # no draft of 4 tokens, however right, pays at that
+    drive(spec, seqs, streams, 60, plain_s=0.010, per_draft_s=0.0004)  # probes re-measure it
+    drafted, accepted = drive(spec, seqs, streams, 20, 0.010, 0.0004)
+    assert drafted >= 20 * 4 * 0.9 and accepted == drafted
+
+
+def test_always_drafts_every_match_whatever_it_costs() -> None:
+    seqs, streams = make(8)
+    spec = speculator("always")
+    spec.drafter = StreamDrafter(streams, right=False)
+    drafted, _ = drive(spec, seqs, streams, 20, 0.048, 0.003)
+    assert drafted == 20 * 8 * 4
+
+
+def test_sequences_that_left_are_forgotten() -> None:
+    seqs, streams = make(3)
+    spec = speculator()
+    spec.drafter = StreamDrafter(streams, right=True)
+    drive(spec, seqs, streams, 3, 0.01, 0.0001)
+    assert set(spec._seqs) == {"r0", "r1", "r2"}
+    spec.propose(seqs[:1])
+    assert set(spec._seqs) == {"r0"}
