@@ -26,6 +26,7 @@ TTFT is the same clock for both: request sent -> first streamed chunk with conte
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -50,6 +51,7 @@ MODEL = "SmolLM2-135M-Instruct"
 TARGET_RATIO = 1.25
 TARGET_READY_S = 4.0  # issue 27: restart with templates + snapshot
 PHASES = ("process", "imports", "load", "snapshot", "warmup", "templates")
+PHASE_NAMES = {"snapshot": "restore"}
 
 ITEMS = ["trail runners", "a down jacket", "a two-person tent", "climbing shoes", "a 40 l backpack",
          "merino socks", "a rain shell", "hiking poles", "a sleeping bag", "gaiters",
@@ -101,6 +103,9 @@ class Run:
     back_to_back_chat: list[float] = field(default_factory=list)
     load_before: float = 0.0
     load_after: float = 0.0
+    first_answer: float = 0.0  # spawn -> the first /ready answer of any status (probes answer)
+    warmup_requests: int = 0  # every warmup step's requests (pins and prefills included)
+    warmup_skipped: int = 0  # requests skipped as already warm
     notes: list[str] = field(default_factory=list)
 
 
@@ -159,6 +164,7 @@ def run_mode(mode: str, flags: list[str], workdir: Path, q0: int, args: argparse
                 raise SystemExit(f"{mode}: server exited:\n{log_path.read_text()[-3000:]}")
             try:
                 ready = httpx.get(url + "/ready", timeout=2)
+                run.first_answer = run.first_answer or time.perf_counter() - started
                 if ready.status_code == 200:
                     run.steps = dict(ready.json().get("startup_steps") or {})
                     break
@@ -202,9 +208,12 @@ def run_mode(mode: str, flags: list[str], workdir: Path, q0: int, args: argparse
     m = re.search(r"snapshot: restored (\d+) of (\d+) tokens", log)
     if m:
         run.notes.append(f"restored {m.group(1)} tokens of KV")
-    m = re.search(r"warmup: (\d+) request\(s\) from (\d+) template\(s\)", log)
-    if m:
-        run.notes.append(f"warmup ran {m.group(1)} requests from {m.group(2)} templates")
+    steps = re.findall(r"warmup: (\d+) request\(s\) from (\d+) template\(s\)", log)
+    run.warmup_requests = sum(int(n) for n, _ in steps)
+    run.warmup_skipped = sum(int(n) for n in re.findall(r"(\d+) skipped \(already warm\)", log))
+    if steps:
+        run.notes.append(f"warmup ran {run.warmup_requests} requests ({' + '.join(n for n, _ in steps)} by "
+                         f"step), {run.warmup_skipped} skipped as already warm")
     m = re.search(r"snapshot at shutdown: (\S+) \((\d+) tokens", log)
     if m:
         run.notes.append(f"saved {m.group(2)} tokens at shutdown")
@@ -218,7 +227,39 @@ def ms(x: float) -> str:
     return f"{x * 1000:.0f}"
 
 
-def report(runs: list[Run], args: argparse.Namespace) -> str:
+def before_after(before: dict, runs: list[Run]) -> str:
+    """The same starts measured on another build (`--before`, its JSON): per phase."""
+    old = {r["mode"]: r for r in before["runs"]}
+    rows = []
+    for r in runs:
+        b = old.get(r.mode)
+        if b is None:
+            continue
+        phases = " | ".join(
+            f"{b['steps'][k]:.2f} → {r.steps[k]:.2f}" if k in b["steps"] and k in r.steps else
+            (f"– → {r.steps[k]:.2f}" if k in r.steps else (f"{b['steps'][k]:.2f} → –" if k in b["steps"] else "–"))
+            for k in PHASES)
+        b_ratio = b["first_chat"] / statistics.median(b["steady_chat"])
+        ratio = r.first_chat / statistics.median(r.steady_chat)
+        rows.append(
+            f"| {r.mode} | {b['time_to_ready']:.1f} → **{r.time_to_ready:.1f}** | {phases} | "
+            f"{b.get('first_answer', 0):.1f} → {r.first_answer:.1f} | {b.get('warmup_requests', 0)} → "
+            f"{r.warmup_requests} | {b_ratio:.2f}× → {ratio:.2f}× | "
+            f"{b['load_before']:.1f}–{b['load_after']:.1f} / {r.load_before:.1f}–{r.load_after:.1f} |")
+    head = " | ".join(PHASE_NAMES.get(k, k) for k in PHASES)
+    return f"""
+Before → after ({before["label"]} → this build; before measured {before["date"]}, the same
+script and machine, run right before this one; phases in seconds). A build that imports
+torch only once the server listens moves that import from `process` to `imports`: compare
+their sum. The first /ready answer is when probes start to be answered.
+
+| start | time to ready (s) | {head} | first /ready answer (s) | warmup requests | first / steady chat | load avg before / after |
+| --- | --- | {' | '.join('---' for _ in PHASES)} | --- | --- | --- | --- |
+{chr(10).join(rows)}
+"""
+
+
+def report(runs: list[Run], args: argparse.Namespace, before: dict | None = None) -> str:
     rows = []
     for r in runs:
         chat_med, json_med = statistics.median(r.steady_chat), statistics.median(r.steady_json)
@@ -236,10 +277,13 @@ def report(runs: list[Run], args: argparse.Namespace) -> str:
     verdict_ratio = "met" if ratio <= TARGET_RATIO else "NOT met"
     verdict_ready = "met" if best.time_to_ready <= TARGET_READY_S else "NOT met"
     busiest = max(max(r.load_before, r.load_after) for r in runs)
+    busy_note = ("" if busiest <= 1.5 else
+                 f", at a 1-min load up to {busiest:.1f} on {os.cpu_count()} cores: absolute times are inflated")
     quiet = ("The machine stayed quiet (1-min load ≤ 1.5 at every start and end)." if busiest <= 1.5
              else f"**Other work ran during this run (1-min load up to {busiest:.2f}): the numbers are noisy.**")
     details = "\n".join(
-        f"- **{r.mode}**: steady chat TTFTs (ms) {', '.join(ms(x) for x in r.steady_chat)} "
+        f"- **{r.mode}**: first /ready answer (probes answer) {r.first_answer:.1f} s; "
+        f"steady chat TTFTs (ms) {', '.join(ms(x) for x in r.steady_chat)} "
         f"(back to back, no gap: {', '.join(ms(x) for x in r.back_to_back_chat)}; first / "
         f"back-to-back median {r.first_chat / statistics.median(r.back_to_back_chat):.2f}×); "
         f"steady JSON TTFTs (ms) {', '.join(ms(x) for x in r.steady_json)}"
@@ -261,8 +305,8 @@ average (1 min) before → after each start is in the last column. {quiet}
 
 Targets (issues 4 and 27), with templates + snapshot: first-request TTFT ≤ {TARGET_RATIO}× steady state —
 **{verdict_ratio}** ({ratio:.2f}×); time to ready ≤ {TARGET_READY_S:.0f} s — **{verdict_ready}**
-({best.time_to_ready:.1f} s).
-
+({best.time_to_ready:.1f} s){busy_note}.
+{before_after(before, runs) if before else ""}
 How it is measured:
 
 - **time to ready**: from spawning the process to the first `/ready` 200 (polled every 20 ms);
@@ -300,9 +344,10 @@ Reading the numbers:
   (cached / prompt tokens column), like every later one.
 - The snapshot shortens the `warming` step: the pinned prefixes and conversation histories
   the templates would prefill are restored instead (the templates then hit them).
-- Time to ready = Python start and imports (torch, transformers: ~2–3 s here) + the engine's
-  load (weights memory-mapped from the weight cache, KV pool, tokenizer, grammar backend) +
-  restore + warmup.
+- Time to ready = `process` (the interpreter and the HTTP server's own imports: the server
+  listens at its end, so probes answer from then on) + `imports` (torch, transformers, the
+  engine) + `load` (weights memory-mapped from the weight cache, the config kept there, KV
+  pool, tokenizer, grammar backend) + restore + the built-in warmup + the templates.
 - The idle gap matters on this machine: in a separate sweep (2026-11-29, same server, the
   same request shape, 3 runs per gap) TTFT grew with the idle time before the request —
   ~135 ms back to back, ~180 ms after 0.3 s, ~220 ms after 1 s, ~280 ms after 2 s — equally
@@ -324,6 +369,11 @@ def main() -> int:
     p.add_argument("--gap", type=float, default=1.0, help="idle seconds before each measured request")
     p.add_argument("--templates", type=Path, default=TEMPLATES)
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "cold_start.md")
+    p.add_argument("--json", type=Path, default=None,
+                   help="where the runs go as JSON, for a later --before (default: --out with .json)")
+    p.add_argument("--before", type=Path, default=None,
+                   help="the JSON of a run on another build: the report adds a before/after table")
+    p.add_argument("--label", default="this build", help="what this build is, in a later --before table")
     p.add_argument("server_flags", nargs="*", help="extra `preheat serve` flags, after --")
     args = p.parse_args()
 
@@ -349,8 +399,12 @@ def main() -> int:
                   f"steady {ms(statistics.median(r.steady_chat))} ms; {'; '.join(r.notes)}", flush=True)
             if i == 2 and not any(n.startswith("snap-") for n in os.listdir(snaps)):
                 raise SystemExit("start 3 saved no snapshot; see its log")
-    text = report(runs, args)
+    before = json.loads(args.before.read_text()) if args.before else None
+    text = report(runs, args, before)
     args.out.write_text(text)
+    (args.json or args.out.with_suffix(".json")).write_text(json.dumps(
+        {"label": args.label, "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
+         "runs": [dataclasses.asdict(r) for r in runs]}, indent=1))
     print(text)
     return 0
 

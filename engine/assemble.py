@@ -8,14 +8,22 @@ is chosen before the model is built (it decides the weights' form: packed for th
 kernels, plain tensors elsewhere), the pool is sized after the model is in memory (what is
 left is what the KV may use), fp8 KV scales are calibrated on the built model, and CUDA
 graphs are captured last, over the real pool.
+
+What only the tokenizer decides (its hash for snapshot fingerprints, the grammar backend's
+tokenizer info and compiler process) is built in a thread beside the model build: it is
+Python holding the GIL, the weights' packing is torch copies that release it, so on two
+cores the two overlap (`tokenizer_parts`).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import functools
 import logging
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -123,8 +131,42 @@ def assemble(config: EngineConfig) -> EngineParts:
         raise
 
 
+@dataclass
+class TokenizerParts:
+    """What only the tokenizer decides, built beside the model (`beside`)."""
+
+    tokenizer_hash: str
+    grammar: tuple[Any, Any, Any]  # as `grammar` returns
+
+
+def tokenizer_parts(tokenizer: Any, vocab_size: int, config: EngineConfig) -> TokenizerParts:
+    th = tokenizer_hash(
+        tokenizer.get_vocab(),
+        special_tokens={k: str(v) for k, v in tokenizer.special_tokens_map.items()},
+        chat_template=getattr(tokenizer, "chat_template", None),
+    )
+    return TokenizerParts(th, grammar(tokenizer, vocab_size, config))
+
+
+def beside(fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future:
+    """fn(*args) on a daemon thread of its own (nothing waits for it at exit)."""
+    future: concurrent.futures.Future = concurrent.futures.Future()
+
+    def run() -> None:
+        try:
+            future.set_result(fn(*args))
+        except BaseException as e:
+            future.set_exception(e)
+
+    threading.Thread(target=run, name=f"beside-{fn.__name__}", daemon=True).start()
+    return future
+
+
 def _assemble(config: EngineConfig, device: torch.device, dtype: torch.dtype, tp: TensorParallel | None) -> EngineParts:
-    loaded = load(config, device, dtype, tp)
+    side: list[concurrent.futures.Future] = []
+    loaded = load(config, device, dtype, tp, on_tokenizer=lambda tok, spec: side.append(
+        beside(tokenizer_parts, tok, spec.vocab_size, config)))
+    parts: TokenizerParts = side[0].result()
     spec = loaded.spec
     max_model_len = min(config.max_model_len or spec.max_position_embeddings, spec.max_position_embeddings)
     from preheat.engine.kernels.kv_fp8 import kv_storage_dtype
@@ -150,7 +192,7 @@ def _assemble(config: EngineConfig, device: torch.device, dtype: torch.dtype, tp
         pool.capacity_pages * config.page_size, pool.capacity_pages, config.page_size,
         pool.bytes / 2**30, chunked_prefill_size,
     )
-    fingerprint = fingerprint_of(loaded, pool, kv_dtype, config.quantization)
+    fingerprint = fingerprint_of(loaded, pool, kv_dtype, config.quantization, parts.tokenizer_hash)
     radix = RadixCache(pool) if config.enable_prefix_caching else None
     tiers = KVTiers.from_config(config) if radix is not None else None
     if tiers is not None:
@@ -159,7 +201,7 @@ def _assemble(config: EngineConfig, device: torch.device, dtype: torch.dtype, tp
             config.host_cache_size, config.disk_cache_dir or "off", config.prefetch_policy,
         )
     kv = KVCacheManager(pool, radix, tiers, fingerprint)
-    grammar_backend, grammar_masks, draft_grammar_masks = grammar(loaded, config)
+    grammar_backend, grammar_masks, draft_grammar_masks = parts.grammar
     runner = ModelRunner(loaded.model, pool, device, grammar_masks, draft_grammar_masks)
     graphs = runner.setup_graphs(
         min(config.cuda_graph_max_bs, config.max_num_seqs), max_model_len, config.disable_cuda_graph,
@@ -176,11 +218,15 @@ def _assemble(config: EngineConfig, device: torch.device, dtype: torch.dtype, tp
     )
 
 
-def load(config: EngineConfig, device: torch.device, dtype: torch.dtype, tp: TensorParallel | None) -> LoadedModel:
+def load(config: EngineConfig, device: torch.device, dtype: torch.dtype, tp: TensorParallel | None,
+         on_tokenizer: Callable[[Any, ModelSpec], None] | None = None) -> LoadedModel:
     """Reads the checkpoint and builds the model on `device` (this rank's shard under tensor
-    parallelism, whose workers read their own)."""
+    parallelism, whose workers read their own). `on_tokenizer(tokenizer, spec)` is called
+    once the tokenizer is loaded, before the model is built."""
     started = time.monotonic()
     loaded = load_model(config.model, dtype, config.weight_cache_dir)
+    if on_tokenizer is not None:
+        on_tokenizer(loaded.tokenizer, loaded.spec)
     if tp is not None:
         tp.join(loaded)
     spec = loaded.spec
@@ -231,9 +277,11 @@ def make_pool(config: EngineConfig, spec: ModelSpec, kv_dtype: torch.dtype, devi
     return tp.make_pool(*shape) if tp else KVPool(*shape, device)
 
 
-def fingerprint_of(loaded: LoadedModel, pool: KVPool, kv_dtype: torch.dtype, quantization: str | None) -> dict[str, Any]:
-    """What a snapshot must match to be restored here (engine/kv/snapshot.py)."""
-    spec, tokenizer = loaded.spec, loaded.tokenizer
+def fingerprint_of(loaded: LoadedModel, pool: KVPool, kv_dtype: torch.dtype, quantization: str | None,
+                   tokenizer_digest: str) -> dict[str, Any]:
+    """What a snapshot must match to be restored here (engine/kv/snapshot.py);
+    `tokenizer_digest` is the tokenizer's `tokenizer_hash` (`tokenizer_parts`)."""
+    spec = loaded.spec
     return model_fingerprint(
         architecture=spec.architecture,
         num_layers=spec.num_layers,
@@ -241,11 +289,7 @@ def fingerprint_of(loaded: LoadedModel, pool: KVPool, kv_dtype: torch.dtype, qua
         head_dim=spec.head_dim,
         dtype=kv_dtype,
         page_size=pool.page_size,
-        tokenizer_hash=tokenizer_hash(
-            tokenizer.get_vocab(),
-            special_tokens={k: str(v) for k, v in tokenizer.special_tokens_map.items()},
-            chat_template=getattr(tokenizer, "chat_template", None),
-        ),
+        tokenizer_hash=tokenizer_digest,
         model_id=loaded.weights_id,
         # Quantized weights give other KV; the field is absent otherwise, so snapshots
         # of unquantized engines keep their fingerprint.
@@ -255,14 +299,13 @@ def fingerprint_of(loaded: LoadedModel, pool: KVPool, kv_dtype: torch.dtype, qua
     )
 
 
-def grammar(loaded: LoadedModel, config: EngineConfig) -> tuple[Any, Any, Any]:
+def grammar(tokenizer: Any, vocab_size: int, config: EngineConfig) -> tuple[Any, Any, Any]:
     """(grammar backend, mask function, draft mask function); all None when xgrammar is not
     importable (structured output is optional for the core engine)."""
     try:
         from preheat.engine.sample import structured
 
-        backend = structured.GrammarBackend(loaded.tokenizer, loaded.spec.vocab_size,
-                                            compile_timeout=config.grammar_compile_timeout)
+        backend = structured.GrammarBackend(tokenizer, vocab_size, compile_timeout=config.grammar_compile_timeout)
     except ImportError as exc:
         log.warning("structured output unavailable: %s", exc)
         return None, None, None

@@ -76,7 +76,14 @@ def termination_message(e: BaseException) -> str:
 
 def import_engine() -> Any:
     """The engine's imports (torch, transformers, the kernels): their own start-up step, so
-    /ready and preheat_startup_step_seconds tell them apart from reading the weights."""
+    /ready and preheat_startup_step_seconds tell them apart from reading the weights. They
+    begin once the server listens: on the main thread before it, they kept /health and
+    /ready from answering for seconds; in a thread beside the server's own imports they
+    gained nothing (imports hold the GIL) and only delayed it. transformers' AutoConfig is
+    not resolved here (half a second on a small CPU): a restart reads the config without it
+    (engine/model/config_cache.py), and a first load imports it in `load`."""
+    import transformers  # noqa: F401
+
     from preheat.engine.engine import Engine
 
     return Engine

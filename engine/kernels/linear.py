@@ -59,7 +59,9 @@ def prepare(
     n, k = weight.shape
     if kernels is not None and weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and k % 2 == 0:
         nb = -(-n // 16)
-        packed = F.pad(weight, (0, 0, 0, nb * 16 - n)).reshape(nb, 16, k // 2, 2).permute(0, 2, 1, 3).contiguous()
+        # F.pad copies even when it pads nothing: half of packing a model's weights at load.
+        rows = F.pad(weight, (0, 0, 0, nb * 16 - n)) if nb * 16 != n else weight
+        packed = rows.reshape(nb, 16, k // 2, 2).permute(0, 2, 1, 3).contiguous()
         return LinearWeight(n, k, "bf16", packed=packed, bias=bias, kernels=kernels)
     return LinearWeight(n, k, "dense", weight=weight, bias=bias)
 

@@ -7,6 +7,7 @@ memory is allocated: pages are integers on a free list.
 
 from __future__ import annotations
 
+import mmap
 import os
 
 import torch
@@ -32,9 +33,7 @@ class KVPool:
         self.dtype = dtype
         self.device = device
         # zeros, not empty: masked attention multiplies unused slots by 0, and 0 * NaN is NaN.
-        self.kv = torch.zeros(
-            (num_layers, 2, num_pages, page_size, num_kv_heads, head_dim), dtype=dtype, device=device
-        )
+        self.kv = zeroed((num_layers, 2, num_pages, page_size, num_kv_heads, head_dim), dtype, device)
         # fp8 pools: one scale per layer for K and one for V (engine/kernels/kv_fp8.py), carried
         # by the per-layer cache views the model is handed. 1.0 until calibrated.
         self.scales: torch.Tensor | None = None
@@ -117,6 +116,25 @@ class KVPool:
         if self.scales is not None and target.device.type == "cpu":  # no fp8 index_copy_ on CPU
             target, blocks = target.view(torch.uint8), blocks.view(torch.uint8)
         target.index_copy_(2, index, blocks)
+
+
+def zeroed(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A zero tensor. On the CPU it lies in an anonymous memory mapping: the kernel hands out
+    zero pages on first touch, so start-up does not write the whole pool (torch.zeros
+    memset ~1 GiB: about a second of a 2-core start) and pages never used cost nothing. The
+    tensor keeps the mapping alive. The memory is not reserved up front: the pool is sized
+    from MemAvailable (`pool_pages`). No MADV_HUGEPAGE: a first touch would then zero 2 MiB
+    per layer's K and V (tens of ms inside one request's prefill), not the 4 KiB it writes."""
+    if device.type != "cpu" or not hasattr(mmap, "MAP_ANONYMOUS"):
+        return torch.zeros(shape, dtype=dtype, device=device)
+    numel = 1
+    for n in shape:
+        numel *= n
+    nbytes = numel * dtype.itemsize
+    if nbytes == 0:
+        return torch.zeros(shape, dtype=dtype)
+    buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    return torch.frombuffer(buf, dtype=torch.uint8).view(dtype).view(shape)
 
 
 def available_memory_bytes(device: torch.device) -> int:

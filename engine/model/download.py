@@ -57,7 +57,7 @@ def default_download_dir(weight_cache_dir: str | None, environ: dict[str, str] |
         return Path(env["HF_HUB_CACHE"])
     if env.get("HF_HOME"):
         return Path(env["HF_HOME"]) / "hub"
-    from preheat.engine.model.loader import default_weight_cache_dir
+    from preheat.engine.model.locations import default_weight_cache_dir
 
     base = Path(weight_cache_dir) if weight_cache_dir and weight_cache_dir != "off" else default_weight_cache_dir()
     return base / "downloads"

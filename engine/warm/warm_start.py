@@ -22,7 +22,7 @@ from preheat.engine.lifecycle import StartupStep
 from preheat.engine.peer.peer_secret import PeerSecret
 from preheat.engine.warm.builtin_warmup import builtin_templates
 from preheat.engine.warm.snapshotter import Snapshotter, kv_bytes_per_token
-from preheat.engine.warm.warmup_runner import run_warmup
+from preheat.engine.warm.warmup_runner import WarmupReport, WarmupState, run_warmup
 from preheat.engine.warm.warmup_templates import DEFAULT_MAX_TOKENS, WarmupTemplate, build_plan, load_templates
 
 log = logging.getLogger(__name__)
@@ -73,26 +73,33 @@ class WarmStart:
     peer_secret: PeerSecret | None = None  # --peer-secret-file: /admin/* and snapshot signing
     builtin: bool = True  # the built-in warmup (off with --skip-server-warmup)
     warmup_steps: int = DEFAULT_MAX_TOKENS
+    # What the steps warmed so far: the templates skip what the built-in warmup ran.
+    state: WarmupState = field(default_factory=WarmupState)
+    reports: list[WarmupReport] = field(default_factory=list)  # one per warming step run
 
-    async def _run(self, aengine: Any, templates: list[WarmupTemplate]) -> None:
+    async def _run(self, aengine: Any, templates: list[WarmupTemplate], levels: set[int]) -> None:
         engine = aengine.engine
         longest_answer = max((t.max_tokens or self.warmup_steps for t in templates), default=1)
-        plan = build_plan(templates, **plan_limits(engine, longest_answer),
-                          default_max_tokens=self.warmup_steps)
+        limits = plan_limits(engine, longest_answer)
+        limits["batch_sizes"] = sorted(set(limits["batch_sizes"]) | levels)
+        plan = build_plan(templates, **limits, default_max_tokens=self.warmup_steps,
+                          reached=self.state.levels)
         if engine.cuda_graph_batch_sizes:
             log.info("warmup: replaying captured CUDA-graph batch sizes %s",
                      engine.cuda_graph_batch_sizes)
-        await run_warmup(aengine, plan, aengine.metrics)
+        self.reports.append(await run_warmup(aengine, plan, aengine.metrics, self.state))
         await warm_streaming_response()
 
     async def warm_builtin(self, aengine: Any) -> None:
-        """The "warmup" StartupStep: the built-in warmup (engine/warm/builtin_warmup.py)."""
+        """The "warmup" StartupStep: the built-in warmup (engine/warm/builtin_warmup.py). It
+        reaches the templates' concurrency levels too, so their step need not again."""
         engine = aengine.engine
-        await self._run(aengine, builtin_templates(engine.chunked_prefill_size, engine.pool.page_size))
+        levels = {n for t in self.templates for n in t.concurrency}
+        await self._run(aengine, builtin_templates(engine.chunked_prefill_size, engine.pool.page_size), levels)
 
     async def warm(self, aengine: Any) -> None:
-        """The "templates" StartupStep."""
-        await self._run(aengine, self.templates)
+        """The "templates" StartupStep: what the built-in warmup did not warm already."""
+        await self._run(aengine, self.templates, set())
 
     @staticmethod
     def record_engine(aengine: Any) -> None:

@@ -127,6 +127,24 @@ def request_params(req: WarmupRequest, rendering: ToolRendering | None = None) -
                           repetition_penalty=req.repetition_penalty)
 
 
+def prompts_to_prime(prompts: Sequence[tuple[Sequence[int], int]], page_size: int) -> list[int]:
+    """For the (token ids, cached tokens) of a staggered wave's requests: the index of the
+    first of each distinct prompt with more than a page not cached. A staggered wave only
+    steps down through its levels when all of its requests are admitted in one step, and
+    the scheduler admits fewer: those past the step's prefill budget wait, and so does a
+    request whose next tokens another is computing (engine/sched/plan.py, deferred to a
+    sharer). Prefilled first, every prompt of the wave has at most its last page to
+    compute, and nothing to wait for."""
+    seen: set[tuple[int, ...]] = set()
+    out = []
+    for i, (ids, have) in enumerate(prompts):
+        key = tuple(ids)
+        if len(ids) - have > page_size and key not in seen:
+            seen.add(key)
+            out.append(i)
+    return out
+
+
 # --------------------------------------------------------------------------- the report
 
 
@@ -143,6 +161,13 @@ class TemplateReport:
     kinds: Counter = field(default_factory=Counter)
     grammars: set[str] = field(default_factory=set)
     concurrency: set[int] = field(default_factory=set)
+
+    def add_grammars(self, req: WarmupRequest) -> None:
+        if req.structured is not None:
+            self.grammars.add(req.structured.kind)
+        tool_plan = _plan(req)
+        if tool_plan is not None and tool_plan.active:
+            self.grammars.add(f"tools:{tool_plan.mode}")
 
     def line(self) -> str:
         kinds = ", ".join(f"{n} {k}" for k, n in sorted(self.kinds.items())) or "none"
@@ -214,31 +239,74 @@ def cached_tokens(engine: Any, ids: list[int]) -> int:
 
 
 def code_path(req: WarmupRequest, params: SamplingParams) -> tuple:
-    """What a request warms beyond its prompt's KV: its grammar and its sampler. Two requests
-    with the same path and a cached prompt warm nothing the other did not."""
+    """What a request warms beyond its prompt's KV and its grammar's compile: the kind of
+    prompt, the kind of grammar the sampler masks with and the sampler's own path. Two
+    requests with the same path and a cached prompt warm nothing the other did not but
+    their grammar, which compiling alone warms (`_compile_only`)."""
     s = params.structured
-    return (req.kind, s.kind if s else None, repr(s.spec) if s else None, params.temperature > 0,
-            params.needs_penalties)
+    return (req.kind, s.kind if s else None, params.temperature > 0, params.needs_penalties)
 
 
-async def _already_warm(aengine: Any, items: list, seen: set) -> list[bool]:
+@dataclass
+class WarmupState:
+    """What this process has warmed so far. The built-in warmup and the templates share one
+    (engine/warm/warm_start.py), so the templates do not run again what the built-in
+    warmup ran: a code path once, the concurrency levels once."""
+
+    paths: set = field(default_factory=set)
+    levels: set[int] = field(default_factory=set)
+
+
+async def _already_warm(aengine: Any, items: list, seen: set, ladder: bool) -> list[bool]:
     """For each (label, ids, params, req) of a wave: whether it would warm nothing new, i.e.
     its code path ran already and its prompt is cached but for the last page (restored from
-    a snapshot, or run before). Marks the paths of those that will run as seen."""
+    a snapshot, or run before). Nothing of a ladder is (its batch sizes are its point).
+    Marks the paths of those that will run as seen."""
     engine = aengine.engine
     ps = engine.pool.page_size
     cached = await aengine.run_in_engine(lambda: [cached_tokens(engine, ids) for _, ids, _, _ in items])
     skip = []
     for (_, ids, params, req), have in zip(items, cached):
         path = code_path(req, params)
-        warm = path in seen and have >= len(ids) - ps
+        warm = not ladder and path in seen and have >= len(ids) - ps
         seen.add(path)
         skip.append(warm)
     return skip
 
 
-async def run_warmup(aengine: Any, plan: WarmupPlan, metrics: Any) -> WarmupReport:
-    """Runs the plan on `aengine` (started, phase "warming"); returns what was warmed."""
+async def _prime(aengine: Any, items: list, metrics: Any) -> int:
+    """Prefills a staggered wave's prompts (one request each, one token; see
+    `prompts_to_prime`) so that the wave is admitted in one step. Nothing to do when they
+    are cached (restored from a snapshot). Returns the requests run."""
+    engine = aengine.engine
+    cached = await aengine.run_in_engine(lambda: [cached_tokens(engine, ids) for _, ids, _, _ in items])
+    chosen = prompts_to_prime([(ids, have) for (_, ids, _, _), have in zip(items, cached)], engine.pool.page_size)
+    if chosen:
+        await _run_batch(aengine, [(items[i][0], items[i][1], SamplingParams(max_tokens=1, temperature=0))
+                                   for i in chosen])
+        metrics.warmup_requests.inc(len(chosen))
+        log.info("warmup: prefilled %d prompt(s) before the staggered wave", len(chosen))
+    return len(chosen)
+
+
+def _compile_only(engine: Any, params: SamplingParams) -> ValueError | None:
+    """Compiles a skipped request's grammar (worker thread): its first user then finds it
+    compiled, the one thing a request on a warm path with a cached prompt still warms.
+    Returns the refusal, as building the request would have."""
+    backend = getattr(engine, "grammar_backend", None)
+    if params.structured is None or backend is None:
+        return None
+    try:
+        backend.compile(params.structured)
+    except ValueError as e:  # InvalidGrammar is a RequestRejected, a ValueError
+        return e
+    return None
+
+
+async def run_warmup(aengine: Any, plan: WarmupPlan, metrics: Any, state: WarmupState | None = None) -> WarmupReport:
+    """Runs the plan on `aengine` (started, phase "warming"); returns what was warmed.
+    `state` is what earlier warmups of this process warmed (updated here)."""
+    state = WarmupState() if state is None else state
     engine = aengine.engine
     tok = engine.tokenizer
     rendering = engine_tool_rendering(engine)
@@ -279,11 +347,10 @@ async def run_warmup(aengine: Any, plan: WarmupPlan, metrics: Any) -> WarmupRepo
         rep.pins += 1
         rep.pinned_tokens += pinned
 
-    # 2. Waves: the first reaches every batch size (all of it runs); a later one skips what
-    # would warm nothing new (see _already_warm).
+    # 2. Waves: the ladder reaches the batch sizes not reached yet (all of it runs); any
+    # other wave skips what would warm nothing new (see _already_warm), compiling its grammar.
     salt = 0
-    seen: set = set()
-    for number, wave in enumerate(plan.waves):
+    for wave in plan.waves:
         salts = range(salt + 1, salt + 1 + len(wave.requests))
         salt += len(wave.requests)
         items = await asyncio.to_thread(
@@ -292,13 +359,22 @@ async def run_warmup(aengine: Any, plan: WarmupPlan, metrics: Any) -> WarmupRepo
                 for r, s in zip(w.requests, ss)
             ]
         )
-        skip = await _already_warm(aengine, items, seen)
-        if number == 0:
-            skip = [False] * len(items)
-        for (_, _, _, req), skipped in zip(items, skip):
-            if skipped:
-                report.for_template(req.template).skipped += 1
-        items = [it for it, skipped in zip(items, skip) if not skipped]
+        skip = await _already_warm(aengine, items, state.paths, wave.ladder)
+        skipped = [it for it, sk in zip(items, skip) if sk]
+        refusals = await asyncio.to_thread(lambda sk=skipped: [_compile_only(engine, it[2]) for it in sk])
+        for (_, _, _, req), refused in zip(skipped, refusals):
+            rep = report.for_template(req.template)
+            rep.skipped += 1
+            if refused is not None:
+                rep.refused += 1
+                log.warning("warmup %s: the grammar of a %s request was refused: %s", req.template, req.kind, refused)
+            else:
+                rep.add_grammars(req)
+        items = [it for it, sk in zip(items, skip) if not sk]
+        if wave.ladder and items:
+            if len(items) > 1:  # one request alone is admitted alone whatever it computes
+                report.requests += await _prime(aengine, items, metrics)
+            state.levels.update(wave.batch_sizes)
         outs = await _run_batch(aengine, [it[:3] for it in items])
         for (_, ids, _, req), out in zip(items, outs):
             rep = report.for_template(req.template)
@@ -312,11 +388,7 @@ async def run_warmup(aengine: Any, plan: WarmupPlan, metrics: Any) -> WarmupRepo
             rep.requests += 1
             rep.kinds[req.kind] += 1
             rep.concurrency.update(wave.batch_sizes)
-            if req.structured is not None:
-                rep.grammars.add(req.structured.kind)
-            tool_plan = _plan(req)
-            if tool_plan is not None and tool_plan.active:
-                rep.grammars.add(f"tools:{tool_plan.mode}")
+            rep.add_grammars(req)
             rep.prompt_tokens += len(ids)
             rep.cached_tokens += int(out.cached_tokens or 0) if out is not None else 0
 

@@ -138,6 +138,9 @@ class Wave:
     concurrency: int
     requests: tuple[WarmupRequest, ...]
     levels: tuple[int, ...] = ()  # the batch sizes it steps down through (staggered), if more than one
+    # The wave that reaches the concurrency levels not reached yet: it runs whole (its batch
+    # sizes are what it warms). Any other wave skips what would warm nothing new.
+    ladder: bool = False
 
     @property
     def batch_sizes(self) -> tuple[int, ...]:
@@ -594,17 +597,22 @@ def build_plan(
     max_concurrency: int | None = None,
     max_prompt_tokens: int | None = None,
     default_max_tokens: int = DEFAULT_MAX_TOKENS,
+    reached: Iterable[int] = (),
 ) -> WarmupPlan:
     """Expands templates into pins and waves. Pure and deterministic.
 
     - The concurrency levels are the union of every template's ladder and `batch_sizes` (the
       engine passes the batch sizes its runner specialises, e.g. the captured CUDA-graph sizes,
       so each one is replayed), capped at `max_concurrency` (the engine's max_num_seqs).
-    - The first wave reaches every level with the fewest requests: `top` requests (the
-      highest level) start together, drawn round-robin from all templates' distinct
-      requests, staggered (see `stagger`) so the batch steps down through every lower level.
-    - Requests that wave did not reach run in extra waves at the highest level, so every
-      conversation turn, prompt and grammar runs at least once (one request per code path).
+    - The first wave (the `ladder`) reaches every level not in `reached` (levels an earlier
+      warmup of this process reached already: the built-in warmup reaches the templates'
+      too) with the fewest requests: as many as the highest such level start together, the
+      templates' distinct requests first, then copies of the cheapest one (`filler`),
+      staggered (see `stagger`) so the batch steps down through every lower level. With
+      every level reached there is no ladder.
+    - The other requests run in waves at the highest level; the runner skips those that
+      would warm nothing new (engine/warm/warmup_runner.py), so every code path, prompt not
+      cached yet and grammar is warmed once.
     - Synthetic prompt lengths are clamped to `max_prompt_tokens` (prompt budget of the model).
     - A template without `max_tokens` decodes `default_max_tokens` steps (--warmup-steps).
     """
@@ -638,11 +646,28 @@ def build_plan(
         return WarmupPlan(tuple(pins), (), tuple(notes))
 
     top = levels[-1]
-    first = [requests[i % len(requests)] for i in range(top)]
-    waves = [Wave(top, stagger(first, levels), tuple(levels) if len(levels) > 1 else ())]
-    rest = requests[top:]  # what the first wave did not reach
+    done = set(reached)
+    missing = [n for n in levels if n not in done]
+    waves: list[Wave] = []
+    rest = requests
+    if missing:
+        size = missing[-1]
+        first = requests[:size] + [filler(requests)] * (size - len(requests[:size]))
+        waves.append(Wave(size, stagger(first, missing), tuple(missing) if len(missing) > 1 else (), ladder=True))
+        rest = requests[size:]  # what the ladder did not reach
     waves += [Wave(len(rest[i : i + top]), tuple(rest[i : i + top])) for i in range(0, len(rest), top)]
     return WarmupPlan(tuple(pins), tuple(waves), tuple(notes))
+
+
+def filler(requests: Sequence[WarmupRequest]) -> WarmupRequest:
+    """The request a ladder repeats to reach its size when the templates have fewer distinct
+    ones: the first with no grammar, no penalties, greedy and a real prompt (a copy of the
+    built-in prefill prompt would prefill a chunk per copy)."""
+    for r in requests:
+        if (r.structured is None and r.tools is None and r.prompt_tokens is None and r.temperature == 0
+                and not (r.presence_penalty or r.frequency_penalty or r.repetition_penalty != 1.0)):
+            return r
+    return requests[0]
 
 
 _FILLER = (

@@ -148,6 +148,15 @@ def test_bf16_linear_matches_torch(m, n, k, bias, residual, seed):
     close(y, expected, torch.bfloat16, scale=k**0.5 / 4)
 
 
+@pytest.mark.parametrize("n", [32, 33])  # whole blocks of 16 rows (no padding), and not
+def test_packing_a_strided_weight_is_packing_its_contiguous_copy(n):
+    """A tensor-parallel shard is a strided view of the checkpoint's tensor: packing must read
+    it as its values, with or without rows of padding."""
+    w = torch.randn((n * 2, 64), generator=torch.Generator().manual_seed(n)).bfloat16()[::2]
+    assert not w.is_contiguous()
+    assert torch.equal(pack_bf16(w), pack_bf16(w.contiguous()))
+
+
 @SETTINGS
 @given(
     m=st.integers(1, 20),

@@ -1,11 +1,12 @@
 """The built-in warmup: what an engine with no templates runs before /ready, what
---skip-server-warmup leaves out, and a staggered wave reaching every batch size with one
-request per slot. In process (the real engine and warm-start steps) so the compile cache and
+--skip-server-warmup leaves out, and a staggered wave reaching every batch size (the
+templates' too) with one request per slot. In process (the real engine and warm-start steps) so the compile cache and
 the decode batch sizes are observable."""
 
 from __future__ import annotations
 
 import logging
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -80,14 +81,26 @@ async def test_with_no_templates_the_builtin_warmup_runs_before_ready_and_compil
         assert backend.cache_misses >= 2  # the JSON schema and the tool grammar, compiled before ready
         lines = {r.getMessage().split(":")[0]: r.getMessage() for r in caplog.records
                  if r.getMessage().startswith("warmed ")}
-        for name in ("builtin-chat", "builtin-sampling", "builtin-json", "builtin-tools", "builtin-prefill"):
+        for name in ("builtin-sampling", "builtin-json", "builtin-tools", "builtin-prefill"):
             assert "1 request(s)" in lines[f"warmed {name}"] and "refused" not in lines[f"warmed {name}"], lines
+        # The built-in ladder reaches the template's levels too: 6 requests, its 5 paths and
+        # one copy of the plain chat (the cheapest) to fill the sixth slot.
+        assert "2 request(s)" in lines["warmed builtin-chat"], lines
         assert "grammars json_schema" in lines["warmed builtin-json"]
         assert "grammars tools:auto" in lines["warmed builtin-tools"]
-        # The ladder template's one staggered wave of 6 stepped down through every level.
+        # That one staggered wave of 6 stepped down through every level.
         assert set(LADDER) <= set(batch_sizes), batch_sizes
+        # The template then warms only its one new path (a raw prompt), with no ladder of
+        # its own: 6 + 1, where every path run in full was 5 + 6.
+        assert "1 request(s) (1 prompt)" in lines["warmed ladder"], lines
+        # Before the wave, its prompts were prefilled once each (nothing was cached): else
+        # the wave's requests are admitted over several steps (the prefill budget, sharers
+        # deferred) and the batch misses levels. Three distinct ones: chat, tools, prefill.
+        primed = [int(m.group(1)) for r in caplog.records
+                  if (m := re.match(r"warmup: prefilled (\d+) prompt", r.getMessage()))]
+        assert primed == [3], primed
         warmed = aengine.metrics.warmup_requests._value.get()
-        assert warmed == 5 + max(LADDER)  # built-in: 5 paths; ladder: 6 requests, not 1 + 2 + 3 + 6
+        assert warmed == max(LADDER) + 1 + sum(primed)
         assert set(aengine.startup_steps) >= {"load", "warmup", "templates"}
     finally:
         await life.shutdown(5)

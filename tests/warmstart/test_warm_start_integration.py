@@ -23,6 +23,7 @@ from __future__ import annotations
 import concurrent.futures
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -173,11 +174,18 @@ def test_ready_is_503_until_the_warmup_has_run_then_200(first, template_dir):
     assert log.index("warmup: ") < log.index("phase: warming -> ready")
     assert "warmed support-chat: pinned 1 prefix(es)" in log
     assert "warmed order-check: pinned 1 prefix(es)" in log and "grammars regex" in log
+    for name in ("builtin-chat", "builtin-sampling", "builtin-json", "builtin-tools", "builtin-prefill"):
+        line = next(x for x in log.splitlines() if f"warmed {name}: " in x)
+        assert "refused" not in line and "0 request(s)" not in line, line
+    # Every path both name was warmed, each once: what ran is what the log reports (pins and
+    # the prompts prefilled before the staggered wave included), never more than running
+    # every request of both plans plus a prefill per pin and per prefilled prompt.
     plan = build_plan(load_templates(template_dir), max_concurrency=8)
-    builtin = build_plan(builtin_templates(512, 16))  # on CPU: one request per built-in path
-    # Pins are prefilled by one request each (nothing was cached yet: no snapshot).
-    expected = plan.num_requests + len(plan.pins) + builtin.num_requests
-    assert metric(first.ready_metrics, "preheat_warmup_requests_total") == expected
+    builtin = build_plan(builtin_templates(512, 16))
+    ran = sum(int(n) for n in re.findall(r"warmup: (\d+) request\(s\) from", log))
+    primed = sum(int(n) for n in re.findall(r"warmup: prefilled (\d+) prompt", log))
+    assert metric(first.ready_metrics, "preheat_warmup_requests_total") == ran
+    assert 0 < ran <= plan.num_requests + len(plan.pins) + builtin.num_requests + primed
     steps = first.ready_body["startup_steps"]
     assert {"imports", "load", "warmup", "templates", "snapshot"} <= set(steps), steps
     assert metric(first.ready_metrics, "preheat_warmup_seconds") > 0
