@@ -4,8 +4,9 @@ a dense static KV cache, at batch 1 / 8 / 16 with the same weights, dtype and co
 batch-1 decode speed against llama.cpp (llama-cpp-python) on the same GGUF file.
 
 Sides:
-- preheat bf16 / preheat int8 on the GGUF: the engine as served (CPU kernels, `--quantization
-  int8`, which on this Q4_1 GGUF keeps the layers' 4-bit blocks and the Q8_0 LM head in place);
+- preheat bf16: `--quantization none`, the GGUF dequantized to bf16 (CPU kernels);
+- preheat int8 on the GGUF: the engine as served by default (`--quantization auto`, = int8 on
+  a block-quantized GGUF: this Q4_1 file's layers at 4 bits and its Q8_0 LM head, in place);
 - preheat int8 (8-bit codes): `--quantization int8` on the bf16 checkpoint (every matrix 8-bit);
 - preheat bf16, fp8 KV: `--kv-cache-dtype fp8`, the decode kernel reading 8-bit pages in place;
 - preheat bf16, torch kernels: PREHEAT_ATTENTION_BACKEND=torch, the PyTorch reference path
@@ -49,7 +50,8 @@ INT8_GGUF = "preheat int8 on the GGUF (Q4_1 layers at 4 bits)"
 INT8_CODES = "preheat int8 (8-bit codes)"
 # Which side stands for which weight format in the floor table. On the Q4_1 GGUF,
 # `--quantization int8` keeps the file's Q4_1 blocks (4 bits a weight, in place) and its
-# Q8_0 LM head: that is the 4-bit row. Q4_0 / Q4_K have no in-place path yet (issue 28 item 2).
+# Q8_0 LM head: that is the 4-bit row (and what `preheat serve` runs by default: `auto`).
+# Q4_0 / Q4_K GGUFs take the same 4-bit path (engine/model/gguf_weights.py).
 FORMATS = (("bf16", "preheat bf16"), ("int8", INT8_CODES), ("4-bit (Q4_1 layers, Q8_0 head)", INT8_GGUF),
            ("bf16, fp8 KV", "preheat bf16, fp8 KV"))
 FLOOR_GOAL = 1.5  # issue 28: a step at most 1.5x its floor at batch 1 and 8
@@ -259,14 +261,16 @@ def run(args: argparse.Namespace) -> str:
         torch.set_num_threads(args.threads)
     threads = torch.get_num_threads()
     bw_before = bandwidth.measure_all([1, threads])
-    sides = [EngineSide("preheat bf16", "cpu", dtype="bfloat16"),
+    # quantization="none": the GGUF dequantized to bf16 (`auto`, the default, serves its blocks:
+    # that is the int8-on-the-GGUF side).
+    sides = [EngineSide("preheat bf16", "cpu", dtype="bfloat16", quantization="none"),
              EngineSide(INT8_GGUF, "cpu", dtype="bfloat16", quantization="int8")]
     ours = sides[0].engine
     # 8-bit codes everywhere: the bf16 checkpoint quantized (on the GGUF, int8 keeps Q4_1 at 4 bits).
     sides.append(EngineSide(INT8_CODES, "cpu", model=ours.hf_dir, dtype="bfloat16", quantization="int8"))
-    sides.append(EngineSide("preheat bf16, fp8 KV", "cpu", dtype="bfloat16", kv_cache_dtype="fp8"))
+    sides.append(EngineSide("preheat bf16, fp8 KV", "cpu", dtype="bfloat16", kv_cache_dtype="fp8", quantization="none"))
     if not args.no_reference:
-        sides.append(EngineSide("preheat bf16, torch kernels (before)", "torch", dtype="bfloat16"))
+        sides.append(EngineSide("preheat bf16, torch kernels (before)", "torch", dtype="bfloat16", quantization="none"))
     if ours.attention_backend != "cpu":
         print(f"warning: the CPU kernels are not in use ({ours.attention_backend})", file=sys.stderr)
     dense = DenseSide(ours.hf_dir)

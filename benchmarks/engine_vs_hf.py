@@ -301,7 +301,8 @@ def main() -> int:
     ap.add_argument("--skip-decode-step", action="store_true", help="leave out benchmarks/decode_step.py's section")
     args = ap.parse_args()
 
-    engine = Engine(EngineConfig(dtype=args.dtype, max_total_tokens=65536, max_num_seqs=64))
+    # quantization="none": the same (dequantized) weights transformers reads from the GGUF
+    engine = Engine(EngineConfig(dtype=args.dtype, max_total_tokens=65536, max_num_seqs=64, quantization="none"))
     tok = engine.tokenizer
     system_tokens = len(tok.encode(SYSTEM_PROMPT))
     print(f"system prompt: {system_tokens} tokens; threads: {torch.get_num_threads()}", file=sys.stderr)

@@ -125,8 +125,8 @@ def main() -> int:
     args = ap.parse_args()
 
     configs = {
-        "float32": dict(dtype="float32"),
-        "bfloat16": dict(dtype="bfloat16"),
+        "float32": dict(dtype="float32", quantization="none"),
+        "bfloat16": dict(dtype="bfloat16", quantization="none"),
         "int8 (bf16 activations)": dict(dtype="bfloat16", quantization="int8"),
     }
     scored, generated, backends = {}, {}, {}

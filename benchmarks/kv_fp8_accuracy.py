@@ -78,7 +78,8 @@ def main() -> int:
     results = {}
     reference_tokens = reference_logits = None
     for kv in KV_DTYPES:
-        llm = LLM(dtype="bfloat16", kv_cache_dtype=kv, max_total_tokens=8192, disable_radix_cache=True)
+        llm = LLM(dtype="bfloat16", kv_cache_dtype=kv, max_total_tokens=8192, disable_radix_cache=True,
+                  quantization="none")
         tok = llm.engine.tokenizer
         assert not any(p in CALIBRATION_TEXT for p in PROMPTS)
         prompts = [chat_ids(tok, t) for t in PROMPTS]

@@ -150,7 +150,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--num-speculative-tokens", type=int, default=4)
-    ap.add_argument("--quantization", default=None)
+    ap.add_argument("--quantization", default="none", help="none: bf16 weights (the GGUF dequantized)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     ap.add_argument("--out", default=str(RESULTS / "speculation.md"))
     return ap.parse_args(argv)
@@ -164,8 +164,7 @@ def main() -> int:
     started = time.time()
     common = dict(max_total_tokens=65536, max_num_seqs=64, dtype="bfloat16",
                   num_speculative_tokens=args.num_speculative_tokens)
-    if args.quantization:
-        common["quantization"] = args.quantization
+    common["quantization"] = args.quantization
     engines = {label: Engine(EngineConfig(**common, **extra)) for label, extra in SIDES}
     tok = next(iter(engines.values())).tokenizer
     make = {"edits": edit_prompts, "synthetic": synthetic_prompts}
@@ -201,7 +200,7 @@ def render(args, runs, labels, load_before, load_after, loads, seconds) -> str:
     lines = [
         "# Speculation: off, always, gated",
         "",
-        f"SmolLM2-135M-Instruct (the embedded GGUF), bf16{', ' + args.quantization if args.quantization else ''}, "
+        f"SmolLM2-135M-Instruct (the embedded GGUF), bf16{', ' + args.quantization if args.quantization != 'none' else ''}, "
         f"CPU, {torch.get_num_threads()} torch threads, ngram drafts of up to {args.num_speculative_tokens} tokens. "
         f"Written by `benchmarks/speculation.py`: three engines in one process, {args.rounds} rounds, the sides "
         f"alternating (first side rotating each round), up to {args.max_tokens} tokens a request (edits: greedy; "

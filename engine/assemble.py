@@ -42,7 +42,8 @@ from preheat.engine.kv.snapshot import model_fingerprint, tokenizer_hash
 from preheat.engine.kv.tiers import KVTiers
 from preheat.engine.model.build import build_model, select_moe_backend
 from preheat.engine.model.loader import load_model
-from preheat.engine.model.quantize import quantize_weights
+from preheat.engine.model.locations import default_model_path
+from preheat.engine.model.quantize import effective_quantization, quantize_weights
 from preheat.engine.model.spec import ModelSpec
 from preheat.engine.request.builder import RequestBuilder, default_stop_ids
 from preheat.engine.runner import ModelRunner, run_prompt
@@ -115,16 +116,24 @@ class EngineParts:
     cuda_graph_capture_seconds: float
     cuda_graph_batch_sizes: list[int]
     requests: RequestBuilder
+    quantization: str | None  # what runs: "int8" or None (--quantization auto resolved)
 
 
 def assemble(config: EngineConfig) -> EngineParts:
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
+    # The kernel backend first: it decides the weights' form (packed for the CPU kernels,
+    # plain tensors elsewhere) and whether a GGUF is served in its own blocks (auto).
+    kernels = select_backend(device)
+    config = dataclasses.replace(config, quantization=effective_quantization(
+        config.quantization, config.model or default_model_path(),
+        kernels_read_blocks=kernels.name == "cpu" and dtype in (torch.bfloat16, torch.float32),
+    ))
     # Tensor parallel: the workers start first (their start-up overlaps this load), read
     # the checkpoint themselves and build their shards (engine/distributed/).
     tp = TensorParallel.launch(config, device, dtype) if config.tensor_parallel_size > 1 else None
     try:
-        return _assemble(config, device, dtype, tp)
+        return _assemble(config, device, dtype, tp, kernels)
     except BaseException:
         if tp is not None:
             tp.close()
@@ -162,9 +171,10 @@ def beside(fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future:
     return future
 
 
-def _assemble(config: EngineConfig, device: torch.device, dtype: torch.dtype, tp: TensorParallel | None) -> EngineParts:
+def _assemble(config: EngineConfig, device: torch.device, dtype: torch.dtype, tp: TensorParallel | None,
+              kernels: KernelBackend) -> EngineParts:
     side: list[concurrent.futures.Future] = []
-    loaded = load(config, device, dtype, tp, on_tokenizer=lambda tok, spec: side.append(
+    loaded = load(config, device, dtype, tp, kernels, on_tokenizer=lambda tok, spec: side.append(
         beside(tokenizer_parts, tok, spec.vocab_size, config)))
     parts: TokenizerParts = side[0].result()
     spec = loaded.spec
@@ -215,11 +225,12 @@ def _assemble(config: EngineConfig, device: torch.device, dtype: torch.dtype, tp
     return EngineParts(
         device, dtype, tp, loaded, max_model_len, kv_dtype, chunked_prefill_size, pool, fingerprint, kv,
         grammar_backend, runner, graphs.capture_seconds, list(graphs.batch_sizes), requests,
+        config.quantization,
     )
 
 
 def load(config: EngineConfig, device: torch.device, dtype: torch.dtype, tp: TensorParallel | None,
-         on_tokenizer: Callable[[Any, ModelSpec], None] | None = None) -> LoadedModel:
+         kernels: KernelBackend, on_tokenizer: Callable[[Any, ModelSpec], None] | None = None) -> LoadedModel:
     """Reads the checkpoint and builds the model on `device` (this rank's shard under tensor
     parallelism, whose workers read their own). `on_tokenizer(tokenizer, spec)` is called
     once the tokenizer is loaded, before the model is built."""
@@ -231,9 +242,6 @@ def load(config: EngineConfig, device: torch.device, dtype: torch.dtype, tp: Ten
         tp.join(loaded)
     spec = loaded.spec
     moe_backend = select_moe_backend(device) if spec.moe is not None else "torch"
-    # Before the model is built: the backend decides the weights' form (packed for the
-    # CPU kernels, plain tensors elsewhere).
-    kernels = select_backend(device)
     weights = loaded.weights
     if config.quantization:
         weights = quantize_weights(weights, spec, loaded.source, config.quantization)

@@ -23,7 +23,7 @@ SPECULATIVE_METHODS = ("ngram",)
 SPECULATIVE_GATES = ("auto", "always")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 TOOL_CALL_PARSERS = ("auto", *FORMATS)
-QUANTIZATIONS = ("int8",)
+QUANTIZATIONS = ("auto", "none", "int8")  # auto (= unset): a GGUF in its own blocks where the kernels read them
 
 
 def _opt(help: str, default: Any = None, **extra: Any) -> Any:
@@ -84,9 +84,13 @@ class ModelSettings:
         aliases=("--tp-size",),
     )
     quantization: str | None = _opt(
-        "Weight quantization: int8 stores every matrix as int8 blocks of 32 (a GGUF model's "
-        "Q8_0/Q4_1 blocks as they are), about half the bytes a decode step reads in bfloat16; "
-        "activations and the KV cache keep --dtype. Empty = none.",
+        "Weight quantization. auto (the default; empty = auto): a GGUF whose matrices are "
+        "block-quantized is served in its own blocks, as llama.cpp serves it (Q4_0/Q4_1/Q4_K kept "
+        "at 4 bits, Q8_0 at 8, other types in int8), where the CPU kernels read them in place "
+        "(a CPU with them, --dtype bfloat16 or float32); anything else is served unquantized. "
+        "none: dequantize to --dtype. int8: every matrix as int8 blocks of 32 (a GGUF's own "
+        "blocks as above), about half the bytes a decode step reads in bfloat16. Activations "
+        "and the KV cache keep --dtype.",
         None,
         choices=QUANTIZATIONS,
     )

@@ -78,7 +78,7 @@ class Engine:
         self.weights_id, self.weights_from_cache, self.hf_dir = loaded.weights_id, loaded.weights_from_cache, loaded.hf_dir
         self.attention_backend, self.load_seconds = loaded.attention_backend, loaded.load_seconds
         self.kernels = loaded.kernels  # the kernel backend object (engine/kernels/backend.py)
-        self.quantization = config.quantization
+        self.quantization = parts.quantization  # --quantization auto resolved: "int8" or None
         self.max_model_len, self.kv_dtype = parts.max_model_len, parts.kv_dtype
         self.chunked_prefill_size = parts.chunked_prefill_size
         self.pool, self.fingerprint, self.kv = parts.pool, parts.fingerprint, parts.kv

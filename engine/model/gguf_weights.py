@@ -1,10 +1,21 @@
 """A GGUF file's linear-layer matrices as int8 weights, straight from its quantized blocks.
 
-With `--quantization int8` and a GGUF model, the matrices are not dequantized and
-re-quantized: GGUF's Q8_0 and Q4_1 blocks (32 weights, a float16 scale, Q4_1 also a float16
-minimum) are exactly our int8 format's blocks (engine/kernels/int8.py), so the kernel reads
-the very weights the file holds. Other tensor types (float, K-quants, ...) are dequantized
-with the gguf package and quantized to symmetric int8.
+With a block-quantized GGUF (the default, `--quantization auto`, or `int8`), the matrices are
+not dequantized and re-quantized: our int8 format (engine/kernels/int8.py) is blocks of 32
+codes with a float16 scale d and offset m each (w = d q + m), and GGUF's common formats map
+onto it code for code:
+
+- Q8_0 (d, 32 int8 q): d and m = -128 d over q + 128: exact;
+- Q4_1 (d, m, 32 nibbles): as it is: exact;
+- Q4_0 (d, 32 nibbles, w = d (q - 8)): m = -8 d: exact (a power-of-two multiple in float16);
+- Q4_K (super-blocks of 256: float16 d and dmin, eight 6-bit scales and mins, 256 nibbles,
+  w = d sc q - dmin mn per sub-block of 32): per sub-block d' = d sc and m' = -dmin mn,
+  rounded to float16 (a relative error of at most 2^-11 of a scale, far below the 4-bit
+  step; measured in benchmarks/results/int8_accuracy.md).
+
+Codes of the three 4-bit formats are 0..15, so the kernel keeps them at 4 bits (`int8.pack`):
+a decode step reads the bytes the file has. Other tensor types (float, Q5/Q6 K-quants, ...)
+are dequantized with the gguf package and quantized to symmetric int8.
 
 transformers un-permutes the q and k rows of a "llama" GGUF on load (llama.cpp's converter
 permutes them for its rotary layout); the same row permutation is applied here, so these
@@ -20,6 +31,7 @@ import numpy as np
 import torch
 
 from preheat.engine.kernels import int8
+from preheat.engine.model.gguf_meta import read_gguf_metadata, read_gguf_tensors
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +72,38 @@ def q4_1_blocks(raw: np.ndarray) -> int8.QuantizedWeight:
     )
 
 
+def q4_0_blocks(raw: np.ndarray) -> int8.QuantizedWeight:
+    """raw uint8 [N, K/32 * 18]: per block d (f16) and 16 bytes of nibbles (weights 0..15 in
+    the low nibbles, 16..31 in the high ones); w = d * (q - 8)."""
+    n = raw.shape[0]
+    blocks = raw.reshape(n, -1, 18)
+    d = blocks[..., :2].copy().view(np.float16)[..., 0]
+    qs = blocks[..., 2:]
+    codes = np.concatenate((qs & 0x0F, qs >> 4), axis=-1).reshape(n, -1)
+    scales = torch.from_numpy(np.ascontiguousarray(d))
+    return int8.QuantizedWeight(
+        torch.from_numpy(np.ascontiguousarray(codes)), scales, (scales.to(torch.float32) * -8.0).to(torch.float16)
+    )
+
+
+def q4_k_blocks(raw: np.ndarray) -> int8.QuantizedWeight:
+    """raw uint8 [N, K/256 * 144]: per super-block d, dmin (f16), 12 bytes of 6-bit scales
+    and mins (gguf's `Q4_K.get_scale_min` unpacks them), 128 bytes of nibbles: chunk c of 32
+    bytes holds sub-block 2c in its low nibbles and 2c + 1 in its high ones."""
+    import gguf
+
+    n = raw.shape[0]
+    blocks = raw.reshape(-1, 144)  # [N * K/256, 144]
+    d = blocks[:, :2].copy().view(np.float16).astype(np.float32)
+    dmin = blocks[:, 2:4].copy().view(np.float16).astype(np.float32)
+    sc, mn = gguf.quants.Q4_K.get_scale_min(blocks[:, 4:16])
+    qs = blocks[:, 16:].reshape(-1, 4, 1, 32)
+    codes = np.concatenate((qs & 0x0F, qs >> 4), axis=2).reshape(n, -1)
+    scales = (d * sc.astype(np.float32)).astype(np.float16).reshape(n, -1)
+    offsets = (-(dmin * mn.astype(np.float32))).astype(np.float16).reshape(n, -1)
+    return int8.QuantizedWeight(*(torch.from_numpy(np.ascontiguousarray(t)) for t in (codes, scales, offsets)))
+
+
 def q8_0_blocks(raw: np.ndarray) -> int8.QuantizedWeight:
     """raw uint8 [N, K/32 * 34]: per block d (f16) and 32 int8 weights; w = d * q."""
     n = raw.shape[0]
@@ -79,34 +123,34 @@ def unpermute_rows(qw: int8.QuantizedWeight, n_head: int) -> int8.QuantizedWeigh
     return int8.QuantizedWeight(qw.codes[order], qw.scales[order], qw.offsets[order])
 
 
-def _field(reader, key: str):
-    field = reader.fields.get(key)
-    if field is None:
-        return None
-    value = field.parts[field.data[0]]
-    return bytes(value).decode() if value.dtype == np.uint8 else value.tolist()[0]
-
-
 def read_int8_weights(path: str | Path, num_heads: int, num_kv_heads: int) -> dict[str, int8.QuantizedWeight]:
-    """transformers-named int8 weights of every matrix in the file we multiply by."""
+    """transformers-named int8 weights of every matrix in the file we multiply by. The file
+    is memory-mapped and its tensor table read by `gguf_meta` (not gguf.GGUFReader, which
+    decodes the whole vocabulary first: seconds at every start)."""
     import gguf
 
-    reader = gguf.GGUFReader(str(path))
-    arch = _field(reader, "general.architecture")
+    arch = read_gguf_metadata(path, {"general.architecture"}).get("general.architecture")
     kinds = gguf.GGMLQuantizationType
+    in_place = {kinds.Q4_0: q4_0_blocks, kinds.Q4_1: q4_1_blocks, kinds.Q4_K: q4_k_blocks, kinds.Q8_0: q8_0_blocks}
     out: dict[str, int8.QuantizedWeight] = {}
     requantized: set[str] = set()
-    for tensor in reader.tensors:
+    file = np.memmap(path, dtype=np.uint8, mode="r")
+    for tensor in read_gguf_tensors(path):
         name = hf_name(tensor.name)
         if name is None:
             continue
-        kind = tensor.tensor_type
-        if kind == kinds.Q4_1:
-            qw = q4_1_blocks(np.asarray(tensor.data))
-        elif kind == kinds.Q8_0:
-            qw = q8_0_blocks(np.asarray(tensor.data))
+        kind = kinds(tensor.tensor_type)
+        rows = tensor.shape[0]
+        raw = np.asarray(file[tensor.start : tensor.start + tensor.nbytes]).reshape(rows, -1)
+        if kind in in_place:
+            qw = in_place[kind](raw)
         else:
-            dense = gguf.quants.dequantize(np.asarray(tensor.data), kind)
+            if kind in (kinds.F32, kinds.F16, kinds.BF16):
+                dense = raw.view({kinds.F32: np.float32, kinds.F16: np.float16}.get(kind, np.uint16))
+                dense = dense.astype(np.float32) if kind != kinds.BF16 else (
+                    dense.astype(np.uint32) << 16).view(np.float32)  # fmt: skip
+            else:
+                dense = gguf.quants.dequantize(raw, kind)
             qw = int8.quantize(torch.from_numpy(np.ascontiguousarray(dense, dtype=np.float32)))
             requantized.add(kind.name)
         if arch == "llama" and ".attn_q." in tensor.name:

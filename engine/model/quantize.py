@@ -1,4 +1,5 @@
-"""`--quantization int8`: which weights become int8, and from what.
+"""`--quantization`: which quantization an engine runs (`effective_quantization`: auto picks a
+GGUF's own blocks), and with int8 which weights become int8, and from what.
 
 Every matrix the forward pass multiplies by (q/k/v/o, gate/up/down, the LM head) is stored
 as int8 (engine/kernels/int8.py); norms, biases and the embedding lookup stay in the model
@@ -19,7 +20,6 @@ from typing import Any
 
 import torch
 
-from preheat.engine.config import QUANTIZATIONS
 from preheat.engine.kernels import int8
 from preheat.engine.model.spec import ModelSpec
 
@@ -35,6 +35,30 @@ def matrix_names(spec: ModelSpec) -> list[str]:
     return names + ["lm_head.weight"]
 
 
+# general.file_type values of an unquantized GGUF (llama.cpp's LlamaFileType): ALL_F32,
+# MOSTLY_F16, MOSTLY_BF16. Every other value is a block-quantized file.
+FLOAT_FILE_TYPES = frozenset({0, 1, 32})
+
+
+def effective_quantization(requested: str | None, source: str | None, kernels_read_blocks: bool) -> str | None:
+    """The quantization an engine runs: "int8" (the int8 format, a GGUF's blocks in place)
+    or None (the checkpoint in --dtype). `requested` is --quantization (None = "auto");
+    `source` the local model (a .gguf file or a directory); `kernels_read_blocks` whether
+    this device and dtype have the CPU kernels that read int8/4-bit blocks in place —
+    elsewhere a quantized matrix is dequantized to float32 once (`int8-reference`), slower
+    than serving --dtype, so auto dequantizes there."""
+    if requested == "none":
+        return None
+    if requested not in (None, "auto"):
+        return requested
+    if not kernels_read_blocks or source is None or Path(source).suffix != ".gguf":
+        return None
+    from preheat.engine.model.gguf_meta import read_gguf_metadata
+
+    file_type = read_gguf_metadata(source, {"general.file_type"}).get("general.file_type")
+    return "int8" if file_type is not None and int(file_type) not in FLOAT_FILE_TYPES else None
+
+
 def quantize_weights(
     hf: Mapping[str, torch.Tensor], spec: ModelSpec, source: str, method: str
 ) -> Int8Checkpoint:
@@ -44,8 +68,8 @@ def quantize_weights(
     rank quantizes the WHOLE matrix before its Sharder cuts its slice, so the slices are
     exactly the single-rank engine's. The LM head of a tied model comes back as
     "lm_head.weight" (the embedding tensor stays for the lookup)."""
-    if method not in QUANTIZATIONS:
-        raise ValueError(f"unknown quantization {method!r}; supported: {', '.join(QUANTIZATIONS)}")
+    if method != "int8":
+        raise ValueError(f"unknown quantization {method!r}; supported: int8")
     from_file: dict[str, int8.QuantizedWeight] = {}
     if Path(source).suffix == ".gguf":
         from preheat.engine.model.gguf_weights import read_int8_weights

@@ -80,7 +80,9 @@ def test_greedy_matches_transformers_without_radix_cache(tiny_qwen2_dir):
 
 @pytest.mark.slow
 def test_embedded_smollm2_matches_transformers():
-    llm = LLM(dtype="float32", max_total_tokens=1024, page_size=16, chunked_prefill_size=48)
+    # quantization="none": the GGUF's weights dequantized, as transformers reads them (by
+    # default the engine serves its Q4_1 blocks as they are: tests/engine/test_int8.py)
+    llm = LLM(dtype="float32", max_total_tokens=1024, page_size=16, chunked_prefill_size=48, quantization="none")
     tok = llm.tokenizer
     system = "You are a concise assistant for a bicycle shop. Answer in one sentence. " * 3
     prompts = [
