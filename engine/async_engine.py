@@ -314,9 +314,11 @@ class AsyncEngine:
                 self.metrics.ready.set(0)
                 self._fail_all(e)
                 return
+            # Gauges first: a client that has read the last chunk of its stream and then
+            # scrapes /metrics must not still find its request counted as running.
+            self._update_gauges()
             if outs:
                 self._loop.call_soon_threadsafe(self._dispatch, outs, time.monotonic())  # type: ignore[union-attr]
-            self._update_gauges()
 
     def _dispatch(self, outs: list[RequestOutput], t: float) -> None:
         """On the event loop: route outputs to their streams and record per-request metrics."""
