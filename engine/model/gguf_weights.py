@@ -144,14 +144,9 @@ def read_int8_weights(path: str | Path, num_heads: int, num_kv_heads: int) -> di
         raw = np.asarray(file[tensor.start : tensor.start + tensor.nbytes]).reshape(rows, -1)
         if kind in in_place:
             qw = in_place[kind](raw)
-        else:
-            if kind in (kinds.F32, kinds.F16, kinds.BF16):
-                dense = raw.view({kinds.F32: np.float32, kinds.F16: np.float16}.get(kind, np.uint16))
-                dense = dense.astype(np.float32) if kind != kinds.BF16 else (
-                    dense.astype(np.uint32) << 16).view(np.float32)  # fmt: skip
-            else:
-                dense = gguf.quants.dequantize(raw, kind)
-            qw = int8.quantize(torch.from_numpy(np.ascontiguousarray(dense, dtype=np.float32)))
+        else:  # float and other block types; a copy: F32 comes back as a view of the read-only map
+            dense = np.array(gguf.quants.dequantize(raw, kind), dtype=np.float32, order="C")
+            qw = int8.quantize(torch.from_numpy(dense))
             requantized.add(kind.name)
         if arch == "llama" and ".attn_q." in tensor.name:
             qw = unpermute_rows(qw, num_heads)
