@@ -18,8 +18,10 @@ GGUFReader spent ~2.5 s of a 3 s load decoding the vocabulary it does not need.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -69,9 +71,10 @@ class _Cursor:
         return self.unpack(_SCALARS[GGUFValueType(vtype)])
 
 
-def read_gguf_metadata(path: str | Path, keys: set[str]) -> dict[str, Any]:
-    """The asked-for scalar/string fields that the file has (absent keys are left out).
-    Raises ValueError for a file that is not GGUF v2/v3."""
+@contextlib.contextmanager
+def _header(path: str | Path) -> Iterator[tuple[_Cursor, int, int]]:
+    """(cursor at the first key/value, tensor count, key/value count) of a GGUF v2/v3 file,
+    memory-mapped while the block runs; a truncated or garbled header is a ValueError."""
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
         cur = _Cursor(buf)
         try:
@@ -80,18 +83,25 @@ def read_gguf_metadata(path: str | Path, keys: set[str]) -> dict[str, Any]:
             version = cur.unpack("<I")
             if version not in (2, 3):
                 raise ValueError(f"{path}: GGUF version {version} is not supported (2 or 3)")
-            cur.unpack("<Q")  # tensor count
-            found: dict[str, Any] = {}
-            for _ in range(cur.unpack("<Q")):
-                key = cur.string()
-                value = cur.value(cur.unpack("<I"), keep=key in keys)
-                if key in keys:
-                    found[key] = value
-                    if len(found) == len(keys):
-                        break
-            return found
+            n_tensors = cur.unpack("<Q")
+            yield cur, n_tensors, cur.unpack("<Q")
         except (struct.error, KeyError) as exc:
             raise ValueError(f"{path}: damaged GGUF header ({exc})") from None
+
+
+def read_gguf_metadata(path: str | Path, keys: set[str]) -> dict[str, Any]:
+    """The asked-for scalar/string fields that the file has (absent keys are left out).
+    Raises ValueError for a file that is not GGUF v2/v3."""
+    with _header(path) as (cur, _n_tensors, n_kv):
+        found: dict[str, Any] = {}
+        for _ in range(n_kv):
+            key = cur.string()
+            value = cur.value(cur.unpack("<I"), keep=key in keys)
+            if key in keys:
+                found[key] = value
+                if len(found) == len(keys):
+                    break
+        return found
 
 
 @dataclass(frozen=True)
@@ -108,40 +118,31 @@ def read_gguf_tensors(path: str | Path) -> list[TensorRecord]:
     for a file that is not GGUF v2/v3 or whose table does not fit the file."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-        cur = _Cursor(buf)
-        try:
-            if cur.unpack("<I") != GGUF_MAGIC:
-                raise ValueError(f"{path}: not a GGUF file")
-            if (version := cur.unpack("<I")) not in (2, 3):
-                raise ValueError(f"{path}: GGUF version {version} is not supported (2 or 3)")
-            n_tensors, n_kv = cur.unpack("<Q"), cur.unpack("<Q")
-            alignment = 32
-            for _ in range(n_kv):
-                key = cur.string()
-                value = cur.value(cur.unpack("<I"), keep=key == "general.alignment")
-                if key == "general.alignment":
-                    alignment = int(value)
-            table = []
-            for _ in range(n_tensors):
-                name = cur.string()
-                dims = [cur.unpack("<Q") for _ in range(cur.unpack("<I"))]
-                kind, offset = cur.unpack("<I"), cur.unpack("<Q")
-                table.append((name, tuple(reversed(dims)), kind, offset))
-            data = -(-cur.pos // alignment) * alignment
-            out = []
-            for name, shape, kind, offset in table:
-                block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(kind)]
-                count = 1
-                for d in shape:
-                    count *= d
-                record = TensorRecord(name, shape, kind, data + offset, count // block * block_bytes)
-                if record.start + record.nbytes > len(buf):
-                    raise ValueError(f"{path}: tensor {name} runs past the end of the file")
-                out.append(record)
-            return out
-        except (struct.error, KeyError) as exc:
-            raise ValueError(f"{path}: damaged GGUF header ({exc})") from None
+    with _header(path) as (cur, n_tensors, n_kv):
+        alignment = 32
+        for _ in range(n_kv):
+            key = cur.string()
+            value = cur.value(cur.unpack("<I"), keep=key == "general.alignment")
+            if key == "general.alignment":
+                alignment = int(value)
+        table = []
+        for _ in range(n_tensors):
+            name = cur.string()
+            dims = [cur.unpack("<Q") for _ in range(cur.unpack("<I"))]
+            kind, offset = cur.unpack("<I"), cur.unpack("<Q")
+            table.append((name, tuple(reversed(dims)), kind, offset))
+        data = -(-cur.pos // alignment) * alignment
+        out = []
+        for name, shape, kind, offset in table:
+            block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(kind)]
+            count = 1
+            for d in shape:
+                count *= d
+            record = TensorRecord(name, shape, kind, data + offset, count // block * block_bytes)
+            if record.start + record.nbytes > len(cur.buf):
+                raise ValueError(f"{path}: tensor {name} runs past the end of the file")
+            out.append(record)
+        return out
 
 
 def gguf_identity(path: str | Path) -> tuple[str, str, int]:
