@@ -8,7 +8,7 @@ two backends). Three implementations:
 
 - `TorchBackend` (engine/kernels/torch_backend.py): the PyTorch reference for everything;
 - `CpuKernelBackend` (engine/kernels/cpu_backend.py): our C++ extension
-  (engine/kernels/cpu_ext.py: AVX-512 VNNI/BF16 kernels for attention over the pages, the
+  (engine/kernels/cpu_ext.py: AVX-512 VNNI/BF16 or AVX2 kernels for attention over the pages, the
   matrix multiplies and the element-wise work);
 - `TritonBackend` (engine/kernels/triton_backend.py): Triton KV write and decode attention.
 
@@ -147,7 +147,7 @@ def choose_backend(
     if device_type == "cpu" and cpu_kernels is not None:
         why_not = cpu_kernels()
         if why_not is None:
-            return "cpu", "CPU with AVX-512 VNNI/BF16 kernels"
+            return "cpu", "the CPU runs Preheat's CPU kernels"
         return "torch", f"device is cpu; CPU kernels unavailable: {why_not}"
     if device_type != "cuda":
         return "torch", f"device is {device_type}"

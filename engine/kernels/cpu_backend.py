@@ -1,4 +1,4 @@
-"""The CPU backend: our C++ kernels (engine/kernels/cpu_ext.py, AVX-512 VNNI/BF16) for decode
+"""The CPU backend: our C++ kernels (engine/kernels/cpu_ext.py: the AVX-512 VNNI/BF16 or the AVX2 build) for decode
 attention over the pages and short extends through it (engine/kernels/cpu_attention.py),
 the matrix multiplies (weights packed once, engine/kernels/linear.py), RMSNorm, the SiLU
 gate, and RoPE together with the KV write. Whatever a kernel does not take (a dtype, a

@@ -1,7 +1,12 @@
 """Builds (once) and loads Preheat's CPU kernels, a C++ extension in engine/kernels/cpu/.
 
-The kernels need AVX-512 with VNNI and BF16 (Intel Cooper Lake / Sapphire Rapids and later,
-AMD Zen 4 and later). They are compiled just in time with torch.utils.cpp_extension into a
+The extension holds two builds of every kernel (engine/kernels/cpu/kernels.h): `avx512`
+(AVX-512 with VNNI and BF16: Intel Cooper Lake / Sapphire Rapids and later, AMD Zen 4 and
+later) and `avx2` (AVX2 + FMA + F16C: every x86-64 CPU since Haswell / Zen 1, most laptops
+and many cloud instances). `load()` picks the best one the CPU reports (`choose_isa`);
+PREHEAT_CPU_KERNELS=avx2 forces the AVX2 build on an AVX-512 CPU (tests and benchmarks
+compare the two on one machine; an operator can step around a kernel), `avx512` insists on
+it, `auto` (the default) chooses. They are compiled just in time with torch.utils.cpp_extension into a
 cache directory keyed by the sources, torch's version and the compiler flags (see
 `cache_dirs`), so a build happens once per machine image: `scripts/setup` builds them, the
 engine image builds them at `docker build`, and an engine that finds no build makes one at
@@ -31,23 +36,51 @@ log = logging.getLogger(__name__)
 
 SOURCE_DIR = Path(__file__).parent / "cpu"
 SOURCES = ("bindings.cpp", "attention_avx512.cpp", "gemm_bf16_avx512.cpp", "gemm_int8_avx512.cpp",
-           "elementwise_avx512.cpp")
-# The AVX-512 code generation is switched on inside the kernel files (#pragma GCC target);
-# the flags here hold for every file, so the module itself loads on any x86-64 CPU.
+           "elementwise_avx512.cpp", "attention_avx2.cpp", "gemm_avx2.cpp", "elementwise_avx2.cpp")
+# Each instruction set's code generation is switched on inside its kernel files (#pragma
+# GCC target); the flags here hold for every file, so the module loads on any x86-64 CPU.
 CFLAGS = ("-O3", "-fopenmp", "-std=c++17")
 LDFLAGS = ("-fopenmp",)
-# /proc/cpuinfo names of what the kernels execute.
-REQUIRED_CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "avx512_bf16", "fma", "f16c")
+# /proc/cpuinfo names of what each build executes, best build first.
+ISA_CPU_FLAGS: dict[str, tuple[str, ...]] = {
+    "avx512": ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "avx512_bf16", "fma", "f16c"),
+    "avx2": ("avx2", "fma", "f16c"),
+}
+REQUIRED_CPU_FLAGS = ISA_CPU_FLAGS["avx512"]  # the best build's (missing_cpu_flags' default)
 ENV_CACHE = "PREHEAT_KERNEL_CACHE"
+ENV_ISA = "PREHEAT_CPU_KERNELS"
+ISA_CHOICES = ("auto", *ISA_CPU_FLAGS)
 
 _lock = threading.Lock()
 _loaded: dict[str, ModuleType | None] = {}
 unavailable_reason: str | None = None
 
 
-def missing_cpu_flags(flags: set[str]) -> list[str]:
-    """Pure: the required instruction-set flags a CPU lacks."""
-    return [f for f in REQUIRED_CPU_FLAGS if f not in flags]
+def missing_cpu_flags(flags: set[str], isa: str = "avx512") -> list[str]:
+    """Pure: the instruction-set flags a CPU lacks for one build (default: AVX-512)."""
+    return [f for f in ISA_CPU_FLAGS[isa] if f not in flags]
+
+
+def runnable_isas(flags: set[str]) -> list[str]:
+    """Pure: the builds a CPU with these flags runs, best first."""
+    return [isa for isa in ISA_CPU_FLAGS if not missing_cpu_flags(flags, isa)]
+
+
+def choose_isa(flags: set[str], override: str | None) -> tuple[str | None, str]:
+    """Pure: (build, why) for a CPU's flags and the PREHEAT_CPU_KERNELS value; build None
+    when no build runs here (why says what is missing). An override the CPU cannot run is
+    refused the same way rather than crashing on an illegal instruction later."""
+    override = (override or "auto").strip().lower()
+    if override not in ISA_CHOICES:
+        raise ValueError(f"{ENV_ISA}={override!r}: expected one of {', '.join(ISA_CHOICES)}")
+    if override != "auto":
+        if missing := missing_cpu_flags(flags, override):
+            return None, f"{ENV_ISA}={override} but the CPU lacks " + ", ".join(missing)
+        return override, f"{ENV_ISA}={override}"
+    for isa in ISA_CPU_FLAGS:
+        if not missing_cpu_flags(flags, isa):
+            return isa, f"the CPU has {', '.join(ISA_CPU_FLAGS[isa])}"
+    return None, "the CPU lacks " + ", ".join(missing_cpu_flags(flags, "avx2"))
 
 
 def read_cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> set[str]:
@@ -119,7 +152,8 @@ def _import(path: Path, name: str) -> ModuleType:
 
 def build(cache_dir: Path | None = None, verbose: bool = False) -> ModuleType:
     """Compiles (or finds the cached build) and imports the extension. Raises on failure.
-    Importing is safe on any x86-64 CPU; calling a kernel is not (see `load`).
+    Importing is safe on any x86-64 CPU; calling a kernel is not (see `load`): the module's
+    `avx512` and `avx2` submodules hold the two builds, `isas()` the ones this CPU runs.
 
     A finished build is imported directly: its name carries the hash of everything it was
     built from, so it cannot be stale, and a read-only cache (the engine image's) works."""
@@ -148,20 +182,27 @@ def build(cache_dir: Path | None = None, verbose: bool = False) -> ModuleType:
 
 
 def load() -> ModuleType | None:
-    """The kernels module when this process can use it, else None (the reason is logged once
-    and kept in `unavailable_reason`). Thread-safe; builds at most once per process."""
+    """The kernels this process uses — the extension's submodule of the build `choose_isa`
+    picks (`.isa` names it) — else None (the reason is logged once and kept in
+    `unavailable_reason`). Thread-safe; builds at most once per process."""
     global unavailable_reason
     with _lock:
         if "module" in _loaded:
             return _loaded["module"]
         module = None
-        if missing := missing_cpu_flags(read_cpu_flags()):
-            unavailable_reason = "the CPU lacks " + ", ".join(missing)
+        try:
+            isa, why = choose_isa(read_cpu_flags(), os.environ.get(ENV_ISA))
+        except ValueError as exc:  # a misspelt override: said loudly, served on the reference
+            isa, why = None, str(exc)
+        if isa is None:
+            unavailable_reason = why
         else:
             try:
-                module = build()
-                if not module.supported():
-                    unavailable_reason, module = "the CPU lacks AVX-512 VNNI/BF16 (runtime check)", None
+                extension = build()
+                if isa not in extension.isas():
+                    unavailable_reason = f"the CPU lacks what the {isa} kernels execute (runtime check)"
+                else:
+                    module = getattr(extension, isa)
             except Exception as exc:  # no compiler, a failed build: serve on the reference
                 lines = str(exc).strip().splitlines()
                 unavailable_reason = f"build failed: {lines[-1] if lines else repr(exc)}"
@@ -169,7 +210,7 @@ def load() -> ModuleType | None:
             log.warning("CPU kernels unavailable (%s); using the PyTorch reference", unavailable_reason)
         else:
             unavailable_reason = None
-            log.info("CPU kernels: %s", module.__name__)
+            log.info("CPU kernels: %s, %s build (%s)", extension.__name__, isa, why)
         _loaded["module"] = module
         return module
 

@@ -3,8 +3,9 @@
 `prepare` turns a weight, dense or int8-quantized (engine/kernels/int8.py), into the form a
 backend reads, once at load; `apply` multiplies. Given the CPU kernels module
 (engine/kernels/cpu_ext.py; the CPU backend passes it) a bfloat16 weight is packed for
-vdpbf16ps and an int8 weight for vpdpwssd, and one kernel call does the product, the bias
-and the residual add. Without it (GPU, float32, a CPU without AVX-512 BF16/VNNI) it is
+vdpbf16ps and an int8 weight for vpdpwssd (the AVX2 build reads the same packing), and one
+kernel call does the product, the bias and the residual add. Without it (GPU, float32
+weights, a CPU without the kernels) it is
 F.linear, exactly as before: the GPU path does not change. A packed weight keeps the module
 that packed it, so `apply` needs no backend.
 """

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import logging
 
+import pytest
+
 from preheat.engine.kernels import cpu_ext
 from preheat.engine.kernels.backend import select_attention_backend
 
@@ -48,10 +50,47 @@ def test_a_failed_build_falls_back_to_the_reference(monkeypatch, caplog):
 
 def test_a_cpu_without_the_instructions_never_builds(monkeypatch):
     monkeypatch.setattr(cpu_ext, "_loaded", {})
-    monkeypatch.setattr(cpu_ext, "read_cpu_flags", lambda: {"avx2", "fma"})
+    monkeypatch.setattr(cpu_ext, "read_cpu_flags", lambda: {"sse4_2", "avx", "fma"})
     monkeypatch.setattr(cpu_ext, "build", lambda *a, **k: (_ for _ in ()).throw(AssertionError("built")))
+    monkeypatch.delenv(cpu_ext.ENV_ISA, raising=False)
     assert cpu_ext.load() is None
-    assert cpu_ext.unavailable_reason.startswith("the CPU lacks avx512f")
+    assert cpu_ext.unavailable_reason == "the CPU lacks avx2, f16c"
+
+
+AVX2_LAPTOP = {"sse4_2", "avx", "avx2", "fma", "f16c"}
+SAPPHIRE_RAPIDS = AVX2_LAPTOP | set(cpu_ext.ISA_CPU_FLAGS["avx512"])
+
+
+def test_the_best_build_the_cpu_runs_is_chosen_and_an_override_must_be_runnable():
+    assert cpu_ext.runnable_isas(SAPPHIRE_RAPIDS) == ["avx512", "avx2"]
+    assert cpu_ext.runnable_isas(AVX2_LAPTOP) == ["avx2"]
+    assert cpu_ext.runnable_isas({"sse4_2"}) == []
+    assert cpu_ext.choose_isa(SAPPHIRE_RAPIDS, None)[0] == "avx512"
+    assert cpu_ext.choose_isa(AVX2_LAPTOP, "auto") == ("avx2", "the CPU has avx2, fma, f16c")
+    assert cpu_ext.choose_isa(SAPPHIRE_RAPIDS, "AVX2") == ("avx2", "PREHEAT_CPU_KERNELS=avx2")
+    assert cpu_ext.choose_isa(AVX2_LAPTOP, "avx512") == (
+        None, "PREHEAT_CPU_KERNELS=avx512 but the CPU lacks avx512f, avx512bw, avx512vl, avx512dq, avx512_vnni, "
+        "avx512_bf16",
+    )
+    with pytest.raises(ValueError, match="PREHEAT_CPU_KERNELS='sse': expected one of auto, avx512, avx2"):
+        cpu_ext.choose_isa(SAPPHIRE_RAPIDS, "sse")
+
+
+def test_an_avx2_only_cpu_loads_the_avx2_build(monkeypatch):
+    """What an AVX2-only laptop does, forced on this machine: the extension's avx2 submodule
+    is the one handed out, and it is the one whose kernels run (their `isa` says so)."""
+    extension = cpu_ext.build()
+    if "avx2" not in extension.isas():
+        pytest.skip("this CPU runs no AVX2 code")
+    monkeypatch.setattr(cpu_ext, "_loaded", {})
+    monkeypatch.setattr(cpu_ext, "read_cpu_flags", lambda: AVX2_LAPTOP)
+    monkeypatch.delenv(cpu_ext.ENV_ISA, raising=False)
+    module = cpu_ext.load()
+    assert module is extension.avx2 and module.isa == "avx2"
+    monkeypatch.setattr(cpu_ext, "_loaded", {})
+    monkeypatch.setattr(cpu_ext, "read_cpu_flags", lambda: AVX2_LAPTOP)
+    monkeypatch.setenv(cpu_ext.ENV_ISA, "avx512")  # insisting on a build the CPU lacks: the reference
+    assert cpu_ext.load() is None and cpu_ext.unavailable_reason.startswith("PREHEAT_CPU_KERNELS=avx512 but")
 
 
 def test_builds_are_found_in_the_environment_before_the_user_cache(tmp_path):

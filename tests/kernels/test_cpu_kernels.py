@@ -2,8 +2,10 @@
 sizes, contexts crossing page boundaries, GQA ratios, head dims, row counts that fill no
 register tile evenly.
 
-They need a CPU with AVX-512 VNNI/BF16 (CI's has them). On a CPU without, the module is
-skipped with the reason; on a CPU with them, a failed build fails here, loudly.
+Every test runs once per build of the kernels this CPU runs (`kernels` is the extension's
+`avx512` or `avx2` submodule): CI's CPU has AVX-512 VNNI/BF16, so there both run, the AVX2
+build forced as an AVX2-only laptop would choose it. On a CPU with neither (not x86-64) the
+module is skipped with the reason; on a CPU with them, a failed build fails here, loudly.
 """
 
 from __future__ import annotations
@@ -18,12 +20,28 @@ from preheat.engine.kernels import cpu_ext, int8, kv_fp8, reference
 from preheat.engine.kernels.cpu_backend import CpuKernelBackend
 from preheat.engine.kernels.torch_backend import TorchBackend
 
-missing = cpu_ext.missing_cpu_flags(cpu_ext.read_cpu_flags())
-if missing:
-    pytest.skip(f"this CPU lacks {', '.join(missing)}", allow_module_level=True)
+ISAS = cpu_ext.runnable_isas(cpu_ext.read_cpu_flags())
+if not ISAS:
+    pytest.skip(f"this CPU lacks {', '.join(cpu_ext.missing_cpu_flags(set(), 'avx2'))}", allow_module_level=True)
 
-kernels = cpu_ext.build()
-CPU, TORCH = CpuKernelBackend(kernels), TorchBackend()
+extension = cpu_ext.build()
+assert extension.isas() == ISAS  # the runtime check agrees with /proc/cpuinfo
+TORCH = TorchBackend()
+PACKER = CpuKernelBackend(getattr(extension, ISAS[0]))  # packing is the same for every build
+
+
+@pytest.fixture(scope="module", params=ISAS)
+def kernels(request):
+    """One build of the kernels (module-scoped: hypothesis runs many examples per test)."""
+    module = getattr(extension, request.param)
+    assert module.isa == request.param and module.supported()
+    return module
+
+
+@pytest.fixture(scope="module")
+def cpu(kernels) -> CpuKernelBackend:
+    return CpuKernelBackend(kernels)
+
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 DTYPES = st.sampled_from([torch.float32, torch.bfloat16])
 
@@ -58,7 +76,7 @@ def paged_cache(g: torch.Generator, lens: list[int], page_size: int, kvh: int, h
     dtype=DTYPES,
     seed=st.integers(0, 2**16),
 )
-def test_decode_attention_matches_the_reference(batch, kvh, group, hd, page_size, max_len, dtype, seed):
+def test_decode_attention_matches_the_reference(batch, kvh, group, hd, page_size, max_len, dtype, seed, kernels):
     g = torch.Generator().manual_seed(seed)
     lens = torch.randint(1, max_len + 1, (batch,), generator=g).tolist()
     k_cache, v_cache, table = paged_cache(g, lens, page_size, kvh, hd, dtype)
@@ -82,7 +100,7 @@ def test_decode_attention_matches_the_reference(batch, kvh, group, hd, page_size
     seed=st.integers(0, 2**16),
 )
 def test_decode_attention_reads_fp8_pages_in_place_like_the_reference(
-    batch, kvh, group, hd, page_size, max_len, dtype, fp8, scales, seed
+    batch, kvh, group, hd, page_size, max_len, dtype, fp8, scales, seed, kernels
 ):
     """fp8 caches (either format, subnormals included: values of every magnitude) through the
     kernel against the PyTorch path, which dequantises the same bytes."""
@@ -101,7 +119,7 @@ def test_decode_attention_reads_fp8_pages_in_place_like_the_reference(
     close(got, expected, dtype, scale=max(1.0, float(expected.abs().max())))
 
 
-def test_decode_attention_reads_strided_queries_and_long_contexts():
+def test_decode_attention_reads_strided_queries_and_long_contexts(kernels):
     g = torch.Generator().manual_seed(1)
     lens = [1, 3000, 17]  # 3000 tokens: many chunks of one row merged
     k_cache, v_cache, table = paged_cache(g, lens, 16, 2, 64, torch.float32)
@@ -112,7 +130,7 @@ def test_decode_attention_reads_strided_queries_and_long_contexts():
     close(kernels.decode_attention(q, k_cache, v_cache, table, seq_lens, 0.125), expected, torch.float32)
 
 
-def test_decode_attention_refuses_lengths_beyond_the_page_table():
+def test_decode_attention_refuses_lengths_beyond_the_page_table(kernels):
     k_cache = torch.zeros((4, 4, 1, 64))
     with pytest.raises(RuntimeError, match="seq_lens out of range"):
         kernels.decode_attention(
@@ -122,7 +140,7 @@ def test_decode_attention_refuses_lengths_beyond_the_page_table():
 
 
 def pack_bf16(w: torch.Tensor) -> torch.Tensor:
-    return CPU.prepare_linear(w, None, torch.bfloat16).packed
+    return PACKER.prepare_linear(w, None, torch.bfloat16).packed
 
 
 @SETTINGS
@@ -134,7 +152,7 @@ def pack_bf16(w: torch.Tensor) -> torch.Tensor:
     residual=st.booleans(),
     seed=st.integers(0, 2**16),
 )
-def test_bf16_linear_matches_torch(m, n, k, bias, residual, seed):
+def test_bf16_linear_matches_torch(m, n, k, bias, residual, seed, kernels):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn((m, k), generator=g).bfloat16()
     w = torch.randn((n, k), generator=g).bfloat16()
@@ -168,7 +186,7 @@ def test_packing_a_strided_weight_is_packing_its_contiguous_copy(n):
     four_bit=st.booleans(),
     seed=st.integers(0, 2**16),
 )
-def test_int8_linear_matches_its_reference(m, n, k, dtype, bias, residual, four_bit, seed):
+def test_int8_linear_matches_its_reference(m, n, k, dtype, bias, residual, four_bit, seed, kernels):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn((m, k), generator=g).to(dtype)
     qw = int8.quantize(torch.randn((n, k), generator=g))
@@ -184,7 +202,7 @@ def test_int8_linear_matches_its_reference(m, n, k, dtype, bias, residual, four_
     close(y, expected, dtype, scale=10 if dtype == torch.float32 else 1)
 
 
-def test_int8_linear_reads_asymmetric_blocks_like_gguf_q4_1():
+def test_int8_linear_reads_asymmetric_blocks_like_gguf_q4_1(kernels):
     g = torch.Generator().manual_seed(3)
     n, k = 40, 96
     qw = int8.QuantizedWeight(
@@ -201,23 +219,23 @@ def test_int8_linear_reads_asymmetric_blocks_like_gguf_q4_1():
 
 @SETTINGS
 @given(m=st.integers(1, 70), n=st.sampled_from([16, 72, 576, 100]), dtype=DTYPES, seed=st.integers(0, 2**16))
-def test_rms_norm_matches_the_reference(m, n, dtype, seed):
+def test_rms_norm_matches_the_reference(m, n, dtype, seed, kernels, cpu):
     g = torch.Generator().manual_seed(seed)
     x = (torch.randn((m, n), generator=g) * 3).to(dtype)
     w = torch.randn(n, generator=g).to(dtype)
     expected = TORCH.rms_norm(x, w, 1e-5)
     close(kernels.rms_norm(x, w, 1e-5), expected, dtype)
-    close(CPU.rms_norm(x, w, 1e-5), expected, dtype)
+    close(cpu.rms_norm(x, w, 1e-5), expected, dtype)
 
 
 @SETTINGS
 @given(m=st.integers(1, 40), inter=st.sampled_from([16, 40, 1536]), dtype=DTYPES, seed=st.integers(0, 2**16))
-def test_silu_mul_matches_the_reference(m, inter, dtype, seed):
+def test_silu_mul_matches_the_reference(m, inter, dtype, seed, kernels, cpu):
     g = torch.Generator().manual_seed(seed)
     gu = (torch.randn((m, 2 * inter), generator=g) * 4).to(dtype)
     expected = TORCH.silu_mul(gu)
     close(kernels.silu_mul(gu), expected, dtype)
-    close(CPU.silu_mul(gu), expected, dtype)
+    close(cpu.silu_mul(gu), expected, dtype)
 
 
 @SETTINGS
@@ -229,7 +247,7 @@ def test_silu_mul_matches_the_reference(m, inter, dtype, seed):
     normed_qk=st.booleans(),
     seed=st.integers(0, 2**16),
 )
-def test_rope_and_kv_write_match_the_reference(rows, heads, hd, dtype, normed_qk, seed):
+def test_rope_and_kv_write_match_the_reference(rows, heads, hd, dtype, normed_qk, seed, cpu):
     from preheat.engine.kernels.rope import RotaryEmbedding
 
     num_heads, kvh = heads
@@ -243,14 +261,14 @@ def test_rope_and_kv_write_match_the_reference(rows, heads, hd, dtype, normed_qk
     qk = (qkv[:, : (num_heads + kvh) * hd].view(-1, num_heads + kvh, hd) * 0.5) if normed_qk else None
     q_ref = TORCH.rope_write_kv(qkv, rows, TORCH.rope_inputs(rope, positions, hd), caches[0][0], caches[0][1],
                                 slots, num_heads, kvh, hd, qk)
-    inputs = CPU.rope_inputs(rope, positions, hd)
+    inputs = cpu.rope_inputs(rope, positions, hd)
     assert inputs.use_kernel
-    q = CPU.rope_write_kv(qkv, rows, inputs, caches[1][0], caches[1][1], slots, num_heads, kvh, hd, qk)
+    q = cpu.rope_write_kv(qkv, rows, inputs, caches[1][0], caches[1][1], slots, num_heads, kvh, hd, qk)
     close(q, q_ref, dtype)
     close(caches[1], caches[0], dtype)
 
 
-def test_short_extends_run_as_decode_rows():
+def test_short_extends_run_as_decode_rows(cpu):
     from preheat.engine.kernels import cpu_attention
 
     g = torch.Generator().manual_seed(4)
@@ -259,10 +277,10 @@ def test_short_extends_run_as_decode_rows():
     k_cache, v_cache, table = paged_cache(g, lens, 4, 2, 64, torch.float32)
     q = torch.randn((sum(extend), 6, 64), generator=g)
     expected = reference.extend_attention(q, k_cache, v_cache, table, prefix, extend, 0.125)
-    plan = CPU.prepare_extend(table, prefix, extend, 4)
+    plan = cpu.prepare_extend(table, prefix, extend, 4)
     assert isinstance(plan, cpu_attention.ShortExtend) and plan.seq_lens.tolist() == [31, 32, 33, 34, 1, 2, 3, 8]
-    got = CPU.extend_attention(q, k_cache, v_cache, table, prefix, extend, 0.125, plan)
+    got = cpu.extend_attention(q, k_cache, v_cache, table, prefix, extend, 0.125, plan)
     assert cpu_attention.plan_short_extend(table, [0], [cpu_attention.SHORT_EXTEND + 1]) is None
     close(got, expected, torch.float32)
     # Unprepared (an extend no forward pass planned), the backend lays it out itself.
-    close(CPU.extend_attention(q, k_cache, v_cache, table, prefix, extend, 0.125), expected, torch.float32)
+    close(cpu.extend_attention(q, k_cache, v_cache, table, prefix, extend, 0.125), expected, torch.float32)

@@ -13,6 +13,7 @@
 #include "avx512_common.h"
 
 namespace preheat {
+namespace avx512 {
 namespace {
 
 constexpr int64_t MAX_DV = 16;  // head_dim / 16
@@ -86,21 +87,6 @@ inline __m512 scores16(const char* qh, const char* const* rows, int64_t D) {
     }
   }
   return reduce16(acc);
-}
-
-// Row pointers of tokens [t, t + n) (n <= 16) in `cache`; rows past n repeat the first
-// (valid memory, weighted 0). One division per block: page and offset then advance.
-inline void token_rows(const DecodeAttnArgs& a, const void* cache, const int32_t* pages, int64_t t, int64_t n,
-                       int64_t esz, const char** rows) {
-  int64_t page = t / a.S, off = t % a.S;
-  for (int64_t i = 0; i < n; ++i) {
-    rows[i] = (const char*)cache + ((int64_t)pages[page] * a.kv_stride_page + off * a.kv_stride_tok) * esz;
-    if (++off == a.S) {
-      off = 0;
-      ++page;
-    }
-  }
-  for (int64_t i = n; i < 16; ++i) rows[i] = rows[0];
 }
 
 // o[h] += sum_t p[h][t] v[t] in float32 (values converted once per kv head and block).
@@ -290,43 +276,19 @@ int64_t decode_attention_scratch(const DecodeAttnArgs& a) {
 void decode_attention_tasks(const DecodeAttnArgs& a, const int32_t* task_b, const int32_t* task_chunk,
                             const int32_t* num_chunks, float* scratch, int64_t begin, int64_t end) {
   const Scratch sc{scratch, scratch + a.H * a.chunk, scratch + a.H * a.chunk + a.H * a.D};
-  for (int64_t t = begin; t < end; ++t) {
-    const int64_t b = task_b[t], c = task_chunk[t];
-    const int64_t t0 = c * a.chunk, t1 = imin(a.seq_lens[b], t0 + a.chunk);
-    float* part = a.partial + t * a.H * (a.D + 2);
-    if (a.dtype == 0)
-      attend_chunk_kv<0>(a, b, t0, t1, num_chunks[b] == 1, part, sc);
-    else
-      attend_chunk_kv<1>(a, b, t0, t1, num_chunks[b] == 1, part, sc);
-  }
+  for_each_task(a, task_b, task_chunk, num_chunks, begin, end,
+                [&](int64_t b, int64_t t0, int64_t t1, bool direct, float* part) {
+                  if (a.dtype == 0)
+                    attend_chunk_kv<0>(a, b, t0, t1, direct, part, sc);
+                  else
+                    attend_chunk_kv<1>(a, b, t0, t1, direct, part, sc);
+                });
 }
 
 void decode_attention_combine(const DecodeAttnArgs& a, const int64_t* first_task, const int32_t* num_chunks,
                               int64_t begin, int64_t end) {
-  const int64_t D = a.D, DV = D / 16;
-  for (int64_t r = begin; r < end; ++r) {
-    const int64_t b = r / a.H, h = r % a.H;
-    const int64_t n = num_chunks[b];
-    if (n <= 1) continue;
-    float m = -INFINITY;
-    for (int64_t c = 0; c < n; ++c) {
-      const float* p = a.partial + ((first_task[b] + c) * a.H + h) * (D + 2);
-      m = p[0] > m ? p[0] : m;
-    }
-    float l = 0.0f;
-    __m512 o[MAX_DV];
-    for (int64_t v = 0; v < DV; ++v) o[v] = _mm512_setzero_ps();
-    for (int64_t c = 0; c < n; ++c) {
-      const float* p = a.partial + ((first_task[b] + c) * a.H + h) * (D + 2);
-      const float w = expf(p[0] - m);
-      l += w * p[1];
-      const __m512 wv = _mm512_set1_ps(w);
-      for (int64_t v = 0; v < DV; ++v) o[v] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(p + 2 + v * 16), o[v]);
-    }
-    const __m512 inv = _mm512_set1_ps(a.v_mult / l);
-    for (int64_t v = 0; v < DV; ++v)
-      store16(elem(a.out, (b * a.H + h) * D + v * 16, a.dtype), _mm512_mul_ps(o[v], inv), a.dtype);
-  }
+  combine_partials(a, first_task, num_chunks, begin, end);
 }
 
+}  // namespace avx512
 }  // namespace preheat

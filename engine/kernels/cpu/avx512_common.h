@@ -8,13 +8,10 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "kernels.h"
+#include "portable.h"
 
 namespace preheat {
 namespace {
-
-inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
-inline int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
 
 // bf16 bits <-> float32 (16 lanes). Rounding to bf16 is round-to-nearest-even, as torch's.
 inline __m512 bf16_to_f32(__m256i v) {
@@ -44,11 +41,6 @@ inline void store16_masked(void* p, __m512 v, int dtype, __mmask16 m) {
   else
     _mm256_mask_storeu_epi16(p, m, f32_to_bf16(v));
 }
-// Element i of a float32 or bf16 array.
-inline const char* elem(const void* base, int64_t i, int dtype) {
-  return (const char*)base + i * (dtype == 0 ? 4 : 2);
-}
-inline char* elem(void* base, int64_t i, int dtype) { return (char*)base + i * (dtype == 0 ? 4 : 2); }
 inline float load1(const void* p, int dtype) {
   if (dtype == 0) return *(const float*)p;
   uint32_t bits = (uint32_t)(*(const uint16_t*)p) << 16;

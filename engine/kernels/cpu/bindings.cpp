@@ -1,17 +1,25 @@
 // Python entry points of the CPU kernels: argument checks, output allocation and the split
 // of the work across threads (at::parallel_for, torch's own OpenMP pool). Built for the
-// baseline x86-64; the AVX-512 kernels run only when supported() says the CPU has them
-// (engine/kernels/cpu_ext.py checks before it uses anything else here).
+// baseline x86-64. Every entry point takes the KernelSet it runs; the module has one
+// submodule per set (`avx512`, `avx2`) with the same functions, and `isas()` names the sets
+// this CPU runs, best first. engine/kernels/cpu_ext.py picks the submodule (what the CPU
+// reports, or PREHEAT_CPU_KERNELS) before it calls anything in it.
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <string>
 #include <vector>
 
 #include "kernels.h"
 
 namespace preheat {
+
+bool cpu_has_avx2_kernels() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+}
 
 bool cpu_has_avx512_kernels() {
   __builtin_cpu_init();
@@ -20,6 +28,15 @@ bool cpu_has_avx512_kernels() {
          __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bf16") &&
          __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
 }
+
+#define PREHEAT_KERNEL_SET(ns, check)                                                                   \
+  KernelSet{#ns, check, ns::decode_attention_scratch, ns::decode_attention_tasks, ns::decode_attention_combine, \
+            ns::gemm_bf16_blocks, ns::quantize_rows_int16, ns::gemm_int8_blocks, ns::rms_norm_rows,         \
+            ns::silu_mul_rows, ns::rope_kv_rows}
+const KernelSet AVX512 = PREHEAT_KERNEL_SET(avx512, cpu_has_avx512_kernels);
+const KernelSet AVX2 = PREHEAT_KERNEL_SET(avx2, cpu_has_avx2_kernels);
+#undef PREHEAT_KERNEL_SET
+const KernelSet* const SETS[] = {&AVX512, &AVX2};  // best first
 
 namespace {
 
@@ -43,7 +60,7 @@ int kv_dtype_code(const at::Tensor& cache, const at::Tensor& q) {
   return 0;
 }
 
-at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+at::Tensor decode_attention(const KernelSet& k, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                             const at::Tensor& page_table, const at::Tensor& seq_lens, double scale,
                             double k_scale, double v_scale) {
   check_cpu(q, "q");
@@ -96,15 +113,15 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache, cons
                    k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), pt.data_ptr<int32_t>(), pt.stride(0),
                    len, out.data_ptr(), partial.data(), B, H, KVH, D, S, chunk,
                    (float)(scale * k_scale * fp8_mult), dtype_code(q), kv_dtype, (float)(v_scale * fp8_mult)};
-  const int64_t per_thread = decode_attention_scratch(a);
+  const int64_t per_thread = k.decode_attention_scratch(a);
   std::vector<float> scratch(per_thread * threads);
   at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
     float* mine = scratch.data() + per_thread * std::min<int64_t>(at::get_thread_num(), threads - 1);
-    decode_attention_tasks(a, task_b.data(), task_chunk.data(), num_chunks.data(), mine, begin, end);
+    k.decode_attention_tasks(a, task_b.data(), task_chunk.data(), num_chunks.data(), mine, begin, end);
   });
   if (tasks > B) {
     at::parallel_for(0, B * H, 16, [&](int64_t begin, int64_t end) {
-      decode_attention_combine(a, first_task.data(), num_chunks.data(), begin, end);
+      k.decode_attention_combine(a, first_task.data(), num_chunks.data(), begin, end);
     });
   }
   return out;
@@ -144,7 +161,7 @@ void over_column_blocks(int64_t N, F&& f) {
   at::parallel_for(0, blocks, 4, [&](int64_t begin, int64_t end) { f(begin, end); });
 }
 
-at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& packed, int64_t N, const c10::optional<at::Tensor>& bias,
+at::Tensor linear_bf16(const KernelSet& k, const at::Tensor& x, const at::Tensor& packed, int64_t N, const c10::optional<at::Tensor>& bias,
                        const c10::optional<at::Tensor>& residual) {
   check_cpu(x, "x");
   TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1 && x.scalar_type() == at::kBFloat16, "x must be [M, K] bfloat16");
@@ -158,11 +175,11 @@ at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& packed, int64_t N,
   a.K = x.size(1);
   auto y = make_output(x, N, bias, residual, a);
   if (a.M == 0) return y;
-  over_column_blocks(N, [&](int64_t b, int64_t e) { gemm_bf16_blocks(a, b, e); });
+  over_column_blocks(N, [&](int64_t b, int64_t e) { k.gemm_bf16_blocks(a, b, e); });
   return y;
 }
 
-at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& dm, int64_t N,
+at::Tensor linear_int8(const KernelSet& k, const at::Tensor& x, const at::Tensor& codes, const at::Tensor& dm, int64_t N,
                        const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& residual) {
   check_cpu(x, "x");
   TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, "x must be [M, K] with contiguous rows");
@@ -180,7 +197,7 @@ at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& codes, const at::T
   auto xs = at::empty({M, KB}, x.options().dtype(at::kFloat));
   auto xsum = at::empty({M, KB}, x.options().dtype(at::kFloat));
   at::parallel_for(0, M, 64, [&](int64_t b, int64_t e) {
-    quantize_rows_int16(x.data_ptr(), x.stride(0), dt, K, xq.data_ptr<int16_t>(), xs.data_ptr<float>(),
+    k.quantize_rows_int16(x.data_ptr(), x.stride(0), dt, K, xq.data_ptr<int16_t>(), xs.data_ptr<float>(),
                         xsum.data_ptr<float>(), b, e);
   });
   GemmArgs a{};
@@ -194,11 +211,11 @@ at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& codes, const at::T
   a.code_bits = eight ? 8 : 4;
   auto y = make_output(x, N, bias, residual, a);
   if (M == 0) return y;
-  over_column_blocks(N, [&](int64_t b, int64_t e) { gemm_int8_blocks(a, b, e); });
+  over_column_blocks(N, [&](int64_t b, int64_t e) { k.gemm_int8_blocks(a, b, e); });
   return y;
 }
 
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
+at::Tensor rms_norm(const KernelSet& k, const at::Tensor& x, const at::Tensor& w, double eps) {
   check_cpu(x, "x");
   TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1 && w.is_contiguous() && w.numel() == x.size(1) &&
                   w.scalar_type() == x.scalar_type(),
@@ -206,24 +223,24 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
   auto y = at::empty({x.size(0), x.size(1)}, x.options());
   const int dt = dtype_code(x);
   at::parallel_for(0, x.size(0), 64, [&](int64_t b, int64_t e) {
-    rms_norm_rows(x.data_ptr(), x.stride(0), w.data_ptr(), y.data_ptr(), x.size(1), x.size(1), (float)eps, dt, b, e);
+    k.rms_norm_rows(x.data_ptr(), x.stride(0), w.data_ptr(), y.data_ptr(), x.size(1), x.size(1), (float)eps, dt, b, e);
   });
   return y;
 }
 
-at::Tensor silu_mul(const at::Tensor& gu) {
+at::Tensor silu_mul(const KernelSet& k, const at::Tensor& gu) {
   check_cpu(gu, "gate_up");
   TORCH_CHECK(gu.dim() == 2 && gu.stride(1) == 1 && gu.size(1) % 2 == 0, "silu_mul: [M, 2 I] expected");
   const int64_t inter = gu.size(1) / 2;
   auto y = at::empty({gu.size(0), inter}, gu.options());
   const int dt = dtype_code(gu);
   at::parallel_for(0, gu.size(0), 16, [&](int64_t b, int64_t e) {
-    silu_mul_rows(gu.data_ptr(), gu.stride(0), y.data_ptr(), inter, inter, dt, b, e);
+    k.silu_mul_rows(gu.data_ptr(), gu.stride(0), y.data_ptr(), inter, inter, dt, b, e);
   });
   return y;
 }
 
-at::Tensor rope_kv(const at::Tensor& qkv, int64_t rows, int64_t H, int64_t KVH, const at::Tensor& cos_sin,
+at::Tensor rope_kv(const KernelSet& k, const at::Tensor& qkv, int64_t rows, int64_t H, int64_t KVH, const at::Tensor& cos_sin,
                    const at::Tensor& positions, const at::Tensor& slots, const at::Tensor& k_cache,
                    const at::Tensor& v_cache) {
   check_cpu(qkv, "qkv");
@@ -250,26 +267,77 @@ at::Tensor rope_kv(const at::Tensor& qkv, int64_t rows, int64_t H, int64_t KVH, 
   auto q = at::empty({rows, H, D}, qkv.options());
   RopeKVArgs a{qkv.data_ptr(), qkv.stride(0), H, KVH, D, cos_sin.data_ptr(), p, s, q.data_ptr(),
                k_cache.data_ptr(), v_cache.data_ptr(), dtype_code(qkv)};
-  at::parallel_for(0, rows, 16, [&](int64_t b, int64_t e) { rope_kv_rows(a, b, e); });
+  at::parallel_for(0, rows, 16, [&](int64_t b, int64_t e) { k.rope_kv_rows(a, b, e); });
   return q;
 }
 
 }  // namespace
 }  // namespace preheat
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+namespace preheat {
+namespace {
+
+// The functions of one KernelSet, bound into `m` (its submodule).
+void bind_set(pybind11::module_& m, const KernelSet& k) {
   namespace py = pybind11;
   using py::arg;
-  m.def("supported", &preheat::cpu_has_avx512_kernels, "whether this CPU runs the kernels");
+  const KernelSet* set = &k;
   auto nogil = py::call_guard<py::gil_scoped_release>();
-  m.def("decode_attention", &preheat::decode_attention, nogil, arg("q"), arg("k_cache"), arg("v_cache"),
-        arg("page_table"), arg("seq_lens"), arg("scale"), arg("k_scale") = 1.0, arg("v_scale") = 1.0);
-  m.def("linear_bf16", &preheat::linear_bf16, nogil, arg("x"), arg("packed"), arg("n"), arg("bias") = py::none(),
-        arg("residual") = py::none());
-  m.def("linear_int8", &preheat::linear_int8, nogil, arg("x"), arg("codes"), arg("dm"), arg("n"),
-        arg("bias") = py::none(), arg("residual") = py::none());
-  m.def("rms_norm", &preheat::rms_norm, nogil, arg("x"), arg("weight"), arg("eps"));
-  m.def("silu_mul", &preheat::silu_mul, nogil, arg("gate_up"));
-  m.def("rope_kv", &preheat::rope_kv, nogil, arg("qkv"), arg("rows"), arg("num_heads"), arg("num_kv_heads"),
-        arg("cos_sin"), arg("positions"), arg("slots"), arg("k_cache"), arg("v_cache"));
+  m.attr("isa") = k.name;
+  m.def("supported", k.runs_here, "whether this CPU runs this build of the kernels");
+  m.def(
+      "decode_attention",
+      [set](const at::Tensor& q, const at::Tensor& kc, const at::Tensor& vc, const at::Tensor& pt, const at::Tensor& sl,
+            double scale, double k_scale, double v_scale) {
+        return decode_attention(*set, q, kc, vc, pt, sl, scale, k_scale, v_scale);
+      },
+      nogil, arg("q"), arg("k_cache"), arg("v_cache"), arg("page_table"), arg("seq_lens"), arg("scale"),
+      arg("k_scale") = 1.0, arg("v_scale") = 1.0);
+  m.def(
+      "linear_bf16",
+      [set](const at::Tensor& x, const at::Tensor& packed, int64_t n, const c10::optional<at::Tensor>& bias,
+            const c10::optional<at::Tensor>& residual) { return linear_bf16(*set, x, packed, n, bias, residual); },
+      nogil, arg("x"), arg("packed"), arg("n"), arg("bias") = py::none(), arg("residual") = py::none());
+  m.def(
+      "linear_int8",
+      [set](const at::Tensor& x, const at::Tensor& codes, const at::Tensor& dm, int64_t n,
+            const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& residual) {
+        return linear_int8(*set, x, codes, dm, n, bias, residual);
+      },
+      nogil, arg("x"), arg("codes"), arg("dm"), arg("n"), arg("bias") = py::none(), arg("residual") = py::none());
+  m.def(
+      "rms_norm", [set](const at::Tensor& x, const at::Tensor& w, double eps) { return rms_norm(*set, x, w, eps); },
+      nogil, arg("x"), arg("weight"), arg("eps"));
+  m.def(
+      "silu_mul", [set](const at::Tensor& gu) { return silu_mul(*set, gu); }, nogil, arg("gate_up"));
+  m.def(
+      "rope_kv",
+      [set](const at::Tensor& qkv, int64_t rows, int64_t H, int64_t KVH, const at::Tensor& cos_sin,
+            const at::Tensor& positions, const at::Tensor& slots, const at::Tensor& k_cache,
+            const at::Tensor& v_cache) {
+        return rope_kv(*set, qkv, rows, H, KVH, cos_sin, positions, slots, k_cache, v_cache);
+      },
+      nogil, arg("qkv"), arg("rows"), arg("num_heads"), arg("num_kv_heads"), arg("cos_sin"), arg("positions"),
+      arg("slots"), arg("k_cache"), arg("v_cache"));
+}
+
+}  // namespace
+}  // namespace preheat
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def(
+      "isas",
+      [] {
+        std::vector<std::string> names;
+        for (const preheat::KernelSet* k : preheat::SETS)
+          if (k->runs_here()) names.push_back(k->name);
+        return names;
+      },
+      "the kernel builds this CPU runs, best first");
+  m.def(
+      "supported", [] { return preheat::AVX512.runs_here() || preheat::AVX2.runs_here(); }, "whether this CPU runs any build of the kernels");
+  for (const preheat::KernelSet* k : preheat::SETS) {
+    auto sub = m.def_submodule(k->name, "the kernels built for this instruction set");
+    preheat::bind_set(sub, *k);
+  }
 }

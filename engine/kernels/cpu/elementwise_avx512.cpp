@@ -4,6 +4,7 @@
 #include "avx512_common.h"
 
 namespace preheat {
+namespace avx512 {
 
 void rms_norm_rows(const void* x, int64_t ldx, const void* w, void* y, int64_t ldy, int64_t n, float eps,
                    int dtype, int64_t m_begin, int64_t m_end) {
@@ -63,19 +64,8 @@ inline void rope_head(const void* x, const void* cs, void* out, int64_t D, int d
 }  // namespace
 
 void rope_kv_rows(const RopeKVArgs& a, int64_t m_begin, int64_t m_end) {
-  const int dt = a.dtype;
-  const int64_t D = a.D;
-  for (int64_t m = m_begin; m < m_end; ++m) {
-    const void* cs = elem(a.cos_sin, a.positions[m] * 2 * D, dt);
-    const void* row = elem(a.qkv, m * a.ld, dt);
-    for (int64_t h = 0; h < a.H; ++h) rope_head(elem(row, h * D, dt), cs, elem(a.q_out, (m * a.H + h) * D, dt), D, dt);
-    const int64_t slot = a.slots[m];
-    for (int64_t h = 0; h < a.KVH; ++h) {
-      rope_head(elem(row, (a.H + h) * D, dt), cs, elem(a.k_cache, (slot * a.KVH + h) * D, dt), D, dt);
-      memcpy(elem(a.v_cache, (slot * a.KVH + h) * D, dt), elem(row, (a.H + a.KVH + h) * D, dt),
-             D * (dt == 0 ? 4 : 2));
-    }
-  }
+  rope_kv_rows_with(a, m_begin, m_end, rope_head);
 }
 
+}  // namespace avx512
 }  // namespace preheat

@@ -4,6 +4,7 @@
 #include "gemm_common.h"
 
 namespace preheat {
+namespace avx512 {
 namespace {
 
 template <int MT, int NT>
@@ -56,4 +57,5 @@ void gemm_bf16_blocks(const GemmArgs& a, int64_t nb_begin, int64_t nb_end) {
   }
 }
 
+}  // namespace avx512
 }  // namespace preheat

@@ -5,12 +5,6 @@
 namespace preheat {
 namespace {
 
-inline int32_t load_i32(const void* p) {
-  int32_t v;
-  memcpy(&v, p, 4);
-  return v;
-}
-
 // Stores accumulator rows [m0, m0 + MT) x column blocks [nb0, nb0 + NT) with bias and residual.
 template <int MT, int NT>
 inline void store_tile(const GemmArgs& a, __m512 (&acc)[MT][NT], int64_t m0, int64_t nb0) {
@@ -29,12 +23,6 @@ inline void store_tile(const GemmArgs& a, __m512 (&acc)[MT][NT], int64_t m0, int
       store16_masked(elem(a.y, (m0 + i) * a.ldy + n0, dt), v, dt, mask);
     }
   }
-}
-
-// Row tiles: as even as possible, at most `max_mt` rows each.
-inline int64_t row_tile(int64_t M, int64_t max_mt) {
-  const int64_t tiles = (M + max_mt - 1) / max_mt;
-  return (M + tiles - 1) / tiles;
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include "gemm_common.h"
 
 namespace preheat {
+namespace avx512 {
 namespace {
 
 constexpr int64_t PREFETCH_BLOCKS = 4;  // how many blocks of 32 inputs ahead each stream is fetched
@@ -130,4 +131,5 @@ void quantize_rows_int16(const void* x, int64_t ldx, int dtype, int64_t K, int16
   }
 }
 
+}  // namespace avx512
 }  // namespace preheat

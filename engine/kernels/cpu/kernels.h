@@ -1,11 +1,15 @@
-// Preheat's CPU kernels: plain functions over raw pointers.
+// Preheat's CPU kernels: plain functions over raw pointers, in two builds of one contract.
 //
-// The kernel translation units (*_avx512.cpp) are compiled for AVX-512 (F/BW/VL/DQ, VNNI,
-// BF16) through `#pragma GCC target`, and include nothing but C headers and intrinsics: an
-// inline C++ or torch function compiled there could be merged by the linker with the copy
-// other code uses and run AVX-512 instructions on a CPU without them. bindings.cpp (built
-// for the baseline x86-64) checks arguments, allocates tensors, splits the work across
-// threads with at::parallel_for and calls these only after the CPU check passed.
+// Each instruction set has its own translation units: *_avx512.cpp (AVX-512 F/BW/VL/DQ,
+// VNNI, BF16: Intel Cooper Lake / Sapphire Rapids and later, AMD Zen 4 and later) and
+// *_avx2.cpp (AVX2, FMA, F16C: every x86-64 CPU since Haswell / Zen 1). Their code
+// generation is switched on with `#pragma GCC target`, and they include nothing but C
+// headers and intrinsics: an inline C++ or torch function compiled there could be merged by
+// the linker with the copy other code uses and run instructions the CPU lacks. The same
+// functions (kernel_functions.h) are declared once per set, in namespaces `avx512` and
+// `avx2`, and collected into a `KernelSet` table. bindings.cpp (built for the baseline
+// x86-64) checks arguments, allocates tensors, splits the work across threads with
+// at::parallel_for and calls a table's functions only after the CPU check for that set.
 //
 // Element types: `dtype` 0 = float32, 1 = bfloat16 (stored as uint16_t bits).
 #pragma once
@@ -15,8 +19,9 @@ namespace preheat {
 
 // ---- CPU features -------------------------------------------------------------------
 bool cpu_has_avx512_kernels();
+bool cpu_has_avx2_kernels();
 
-// ---- paged decode attention (attention_avx512.cpp) ----------------------------------
+// ---- paged decode attention ---------------------------------------------------------
 struct DecodeAttnArgs {
   const void* q;          // [B, H, D], strides below (elements)
   int64_t q_stride_b, q_stride_h;
@@ -35,21 +40,21 @@ struct DecodeAttnArgs {
   int kv_dtype = 0;       // of the caches: 0 = dtype, 1 = float8_e4m3fn, 2 = float8_e5m2
   float v_mult = 1.0f;    // the outputs' factor: an fp8 cache's value scale (and 256 for e4m3)
 };
-// Floats of per-thread scratch one task needs.
-int64_t decode_attention_scratch(const DecodeAttnArgs& a);
-// Task t covers the tokens [task_chunk[t] * chunk, ...) of row task_b[t], every head; a
-// row whose context fits one chunk is written to `out` directly.
-void decode_attention_tasks(const DecodeAttnArgs& a, const int32_t* task_b, const int32_t* task_chunk,
-                            const int32_t* num_chunks, float* scratch, int64_t begin, int64_t end);
-// Merges the chunk partials of rows (b, h) in [begin, end) of B*H.
-void decode_attention_combine(const DecodeAttnArgs& a, const int64_t* first_task, const int32_t* num_chunks,
-                              int64_t begin, int64_t end);
 
-// ---- bf16 skinny GEMM (gemm_bf16_avx512.cpp) ----------------------------------------
-// Weights are packed by linear.py (a permute): [ceil(N/16), K/2, 16, 2] bf16, K even, so one
-// 64-byte load holds 16 output columns x 2 inputs, the operand vdpbf16ps takes.
+// ---- skinny GEMMs ---------------------------------------------------------------------
+// bf16: weights packed by linear.py (a permute): [ceil(N/16), K/2, 16, 2] bf16, K even, so
+// one 64-byte load holds 16 output columns x 2 inputs, the operand vdpbf16ps takes (the
+// AVX2 build splits the pairs into two float32 vectors instead).
 // y[m, n] = x[m, :] . W[n, :] (+ bias[n]) (+ residual[m, n], added after rounding the
 // product to the output type, as `residual + F.linear(...)` does).
+//
+// int8: a weight is u8 codes q with, per block of 32 along K, a scale d and an offset m:
+// w = d * q + m (symmetric int8: q = i8 + 128, m = -128 d; GGUF Q4_1: q in 0..15, m = min;
+// Q8_0: like symmetric int8). Packed by int8.py: codes [ceil(N/16), K/2, 16, 2] (32 bytes
+// = 16 columns x 2 inputs, widened to vpdpwssd's / vpmaddwd's operand) or, when every code
+// fits in 4 bits, [ceil(N/16), K/4, 32] (two such steps per 32 bytes: low nibbles, high
+// nibbles); dm [ceil(N/16), K/32, 2, 16].
+// Activations are quantized per row and block of 32 to int16 (scale = absmax / 32767).
 struct GemmArgs {
   const void* x;          // [M, K] activations (bf16 for the bf16 GEMM, int16 codes for int8)
   int64_t ldx;
@@ -66,31 +71,11 @@ struct GemmArgs {
   int out_dtype;
   int code_bits;          // int8 only: 8, or 4 for codes that fit (GGUF Q4_1) kept at 4 bits
 };
-// Columns blocks [nb_begin, nb_end) of 16, all rows.
-void gemm_bf16_blocks(const GemmArgs& a, int64_t nb_begin, int64_t nb_end);
 
-// ---- int8-weight GEMM (gemm_int8_avx512.cpp) ----------------------------------------
-// A weight is u8 codes q with, per block of 32 along K, a scale d and an offset m:
-// w = d * q + m (symmetric int8: q = i8 + 128, m = -128 d; GGUF Q4_1: q in 0..15, m = min;
-// Q8_0: like symmetric int8). Packed by int8.py: codes [ceil(N/16), K/2, 16, 2] (32 bytes
-// = 16 columns x 2 inputs, widened to vpdpwssd's operand) or, when every code fits in 4
-// bits, [ceil(N/16), K/4, 32] (two such steps per 32 bytes: low nibbles, high nibbles);
-// dm [ceil(N/16), K/32, 2, 16].
-// Activations are quantized per row and block of 32 to int16 (scale = absmax / 32767).
-void quantize_rows_int16(const void* x, int64_t ldx, int dtype, int64_t K, int16_t* q, float* scales, float* sums,
-                         int64_t m_begin, int64_t m_end);
-void gemm_int8_blocks(const GemmArgs& a, int64_t nb_begin, int64_t nb_end);
-
-// ---- element-wise (elementwise_avx512.cpp) ------------------------------------------
-// transformers' Llama RMSNorm: y = w * round(x / rms(x)), normalised in float32.
-void rms_norm_rows(const void* x, int64_t ldx, const void* w, void* y, int64_t ldy, int64_t n, float eps,
-                   int dtype, int64_t m_begin, int64_t m_end);
-// y = silu(gu[:, :I]) * gu[:, I:], rounded to the dtype after each op as torch does.
-void silu_mul_rows(const void* gu, int64_t ldg, void* y, int64_t ldy, int64_t inter, int dtype,
-                   int64_t m_begin, int64_t m_end);
-// Rotary embedding and the KV write of rows [m_begin, m_end) of a fused qkv projection:
-// q heads rotated into q_out, k heads rotated and v heads copied into the caches at the
-// rows' slots. cos_sin row p = [cos (D), signed sin (D)] for position p (see llama.py).
+// ---- element-wise ---------------------------------------------------------------------
+// Rotary embedding and the KV write of rows of a fused qkv projection: q heads rotated
+// into q_out, k heads rotated and v heads copied into the caches at the rows' slots.
+// cos_sin row p = [cos (D), signed sin (D)] for position p (see llama.py).
 struct RopeKVArgs {
   const void* qkv;        // [T, (H + 2 KVH) * D], row stride ld
   int64_t ld;
@@ -103,6 +88,29 @@ struct RopeKVArgs {
   void* v_cache;
   int dtype;
 };
-void rope_kv_rows(const RopeKVArgs& a, int64_t m_begin, int64_t m_end);
+
+// ---- the functions, once per instruction set ----------------------------------------
+namespace avx512 {
+#include "kernel_functions.h"
+}  // namespace avx512
+namespace avx2 {
+#include "kernel_functions.h"
+}  // namespace avx2
+
+// One instruction set's build of every kernel.
+struct KernelSet {
+  const char* name;  // "avx512" or "avx2": what `isa()` reports
+  bool (*runs_here)();
+  int64_t (*decode_attention_scratch)(const DecodeAttnArgs&);
+  void (*decode_attention_tasks)(const DecodeAttnArgs&, const int32_t*, const int32_t*, const int32_t*, float*,
+                                 int64_t, int64_t);
+  void (*decode_attention_combine)(const DecodeAttnArgs&, const int64_t*, const int32_t*, int64_t, int64_t);
+  void (*gemm_bf16_blocks)(const GemmArgs&, int64_t, int64_t);
+  void (*quantize_rows_int16)(const void*, int64_t, int, int64_t, int16_t*, float*, float*, int64_t, int64_t);
+  void (*gemm_int8_blocks)(const GemmArgs&, int64_t, int64_t);
+  void (*rms_norm_rows)(const void*, int64_t, const void*, void*, int64_t, int64_t, float, int, int64_t, int64_t);
+  void (*silu_mul_rows)(const void*, int64_t, void*, int64_t, int64_t, int, int64_t, int64_t);
+  void (*rope_kv_rows)(const RopeKVArgs&, int64_t, int64_t);
+};
 
 }  // namespace preheat

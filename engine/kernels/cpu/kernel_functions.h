@@ -1,0 +1,32 @@
+// The kernels every instruction set implements; kernels.h includes this file once inside
+// each set's namespace (no include guard on purpose). What each computes is the contract
+// both builds meet (tests/kernels/test_cpu_kernels.py runs every test against each build
+// this CPU can run).
+
+// Paged decode attention. Floats of per-thread scratch one task needs.
+int64_t decode_attention_scratch(const DecodeAttnArgs& a);
+// Task t covers the tokens [task_chunk[t] * chunk, ...) of row task_b[t], every head; a
+// row whose context fits one chunk is written to `out` directly.
+void decode_attention_tasks(const DecodeAttnArgs& a, const int32_t* task_b, const int32_t* task_chunk,
+                            const int32_t* num_chunks, float* scratch, int64_t begin, int64_t end);
+// Merges the chunk partials of rows (b, h) in [begin, end) of B*H.
+void decode_attention_combine(const DecodeAttnArgs& a, const int64_t* first_task, const int32_t* num_chunks,
+                              int64_t begin, int64_t end);
+
+// bf16 GEMM: column blocks [nb_begin, nb_end) of 16, all rows.
+void gemm_bf16_blocks(const GemmArgs& a, int64_t nb_begin, int64_t nb_end);
+
+// int8-weight GEMM (see GemmArgs): activations to int16 codes per block of 32, then the
+// column blocks [nb_begin, nb_end) of 16, all rows.
+void quantize_rows_int16(const void* x, int64_t ldx, int dtype, int64_t K, int16_t* q, float* scales, float* sums,
+                         int64_t m_begin, int64_t m_end);
+void gemm_int8_blocks(const GemmArgs& a, int64_t nb_begin, int64_t nb_end);
+
+// transformers' Llama RMSNorm: y = w * round(x / rms(x)), normalised in float32.
+void rms_norm_rows(const void* x, int64_t ldx, const void* w, void* y, int64_t ldy, int64_t n, float eps,
+                   int dtype, int64_t m_begin, int64_t m_end);
+// y = silu(gu[:, :I]) * gu[:, I:], rounded to the dtype after each op as torch does.
+void silu_mul_rows(const void* gu, int64_t ldg, void* y, int64_t ldy, int64_t inter, int dtype,
+                   int64_t m_begin, int64_t m_end);
+// Rotary embedding and the KV write of rows [m_begin, m_end) (see RopeKVArgs).
+void rope_kv_rows(const RopeKVArgs& a, int64_t m_begin, int64_t m_end);

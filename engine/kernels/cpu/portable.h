@@ -1,0 +1,126 @@
+// What both instruction sets' kernels share: scalar helpers and the loops around the vector
+// code (which token rows a block reads, how tasks and rows are walked). Included by
+// avx512_common.h and avx2_common.h after their `#pragma GCC target`, so each build compiles
+// its own copy; everything is in an unnamed namespace (static), so no copy is shared across
+// builds by the linker.
+#pragma once
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "kernels.h"
+
+namespace preheat {
+namespace {
+
+inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
+inline int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
+
+// Element i of a float32 (dtype 0) or bf16 (dtype 1) array.
+inline const char* elem(const void* base, int64_t i, int dtype) {
+  return (const char*)base + i * (dtype == 0 ? 4 : 2);
+}
+inline char* elem(void* base, int64_t i, int dtype) { return (char*)base + i * (dtype == 0 ? 4 : 2); }
+
+inline int32_t load_i32(const void* p) {
+  int32_t v;
+  memcpy(&v, p, 4);
+  return v;
+}
+
+// Row tiles of a GEMM: as even as possible, at most `max_mt` rows each.
+inline int64_t row_tile(int64_t M, int64_t max_mt) {
+  const int64_t tiles = (M + max_mt - 1) / max_mt;
+  return (M + tiles - 1) / tiles;
+}
+
+// Row pointers of tokens [t, t + n) (n <= 16) in `cache`; rows past n repeat the first
+// (valid memory, weighted 0). One division per block: page and offset then advance.
+inline void token_rows(const DecodeAttnArgs& a, const void* cache, const int32_t* pages, int64_t t, int64_t n,
+                       int64_t esz, const char** rows) {
+  int64_t page = t / a.S, off = t % a.S;
+  for (int64_t i = 0; i < n; ++i) {
+    rows[i] = (const char*)cache + ((int64_t)pages[page] * a.kv_stride_page + off * a.kv_stride_tok) * esz;
+    if (++off == a.S) {
+      off = 0;
+      ++page;
+    }
+  }
+  for (int64_t i = n; i < 16; ++i) rows[i] = rows[0];
+}
+
+// Decode-attention tasks [begin, end): attend(dtype tag, row b, t0, t1, direct, partial)
+// for each, `direct` when the row's context is one chunk (written to `out` at once).
+template <typename Attend>
+inline void for_each_task(const DecodeAttnArgs& a, const int32_t* task_b, const int32_t* task_chunk,
+                          const int32_t* num_chunks, int64_t begin, int64_t end, Attend&& attend) {
+  for (int64_t t = begin; t < end; ++t) {
+    const int64_t b = task_b[t], c = task_chunk[t];
+    const int64_t t0 = c * a.chunk, t1 = imin(a.seq_lens[b], t0 + a.chunk);
+    attend(b, t0, t1, num_chunks[b] == 1, a.partial + t * a.H * (a.D + 2));
+  }
+}
+
+// float32 to bf16 bits, round-to-nearest-even (as torch and vcvtneps2bf16); NaN stays NaN.
+inline uint16_t bf16_bits(float f) {
+  uint32_t x;
+  memcpy(&x, &f, 4);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40);
+  return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+
+// Merges the chunk partials of rows (b, h) in [begin, end) of B*H by their log-sum-exp
+// (the partial layout both builds write: max, sum, then D weighted values). Plain loops:
+// it runs once per row and head, and the compiler vectorizes them for each build.
+inline void combine_partials(const DecodeAttnArgs& a, const int64_t* first_task, const int32_t* num_chunks,
+                             int64_t begin, int64_t end) {
+  const int64_t D = a.D;
+  float o[256];
+  for (int64_t r = begin; r < end; ++r) {
+    const int64_t b = r / a.H, h = r % a.H;
+    const int64_t n = num_chunks[b];
+    if (n <= 1) continue;
+    float m = -INFINITY;
+    for (int64_t c = 0; c < n; ++c) {
+      const float* p = a.partial + ((first_task[b] + c) * a.H + h) * (D + 2);
+      m = p[0] > m ? p[0] : m;
+    }
+    float l = 0.0f;
+    for (int64_t d = 0; d < D; ++d) o[d] = 0.0f;
+    for (int64_t c = 0; c < n; ++c) {
+      const float* p = a.partial + ((first_task[b] + c) * a.H + h) * (D + 2);
+      const float w = expf(p[0] - m);
+      l += w * p[1];
+      for (int64_t d = 0; d < D; ++d) o[d] += w * p[2 + d];
+    }
+    const float inv = a.v_mult / l;
+    if (a.dtype == 0) {
+      float* out = (float*)a.out + (b * a.H + h) * D;
+      for (int64_t d = 0; d < D; ++d) out[d] = o[d] * inv;
+    } else {
+      uint16_t* out = (uint16_t*)a.out + (b * a.H + h) * D;
+      for (int64_t d = 0; d < D; ++d) out[d] = bf16_bits(o[d] * inv);
+    }
+  }
+}
+
+// Rows [m_begin, m_end) of rope + KV write, `rope_head(x, cos_sin, out, D, dtype)` rotating one head.
+template <typename RopeHead>
+inline void rope_kv_rows_with(const RopeKVArgs& a, int64_t m_begin, int64_t m_end, RopeHead&& rope_head) {
+  const int dt = a.dtype;
+  const int64_t D = a.D;
+  for (int64_t m = m_begin; m < m_end; ++m) {
+    const void* cs = elem(a.cos_sin, a.positions[m] * 2 * D, dt);
+    const void* row = elem(a.qkv, m * a.ld, dt);
+    for (int64_t h = 0; h < a.H; ++h) rope_head(elem(row, h * D, dt), cs, elem(a.q_out, (m * a.H + h) * D, dt), D, dt);
+    const int64_t slot = a.slots[m];
+    for (int64_t h = 0; h < a.KVH; ++h) {
+      rope_head(elem(row, (a.H + h) * D, dt), cs, elem(a.k_cache, (slot * a.KVH + h) * D, dt), D, dt);
+      memcpy(elem(a.v_cache, (slot * a.KVH + h) * D, dt), elem(row, (a.H + a.KVH + h) * D, dt),
+             D * (dt == 0 ? 4 : 2));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace preheat
