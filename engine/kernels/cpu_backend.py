@@ -11,7 +11,7 @@ from types import ModuleType
 
 import torch
 
-from preheat.engine.kernels import cpu_attention, int8, linear, reference
+from preheat.engine.kernels import cpu_attention, cpu_ext, int8, linear, reference
 from preheat.engine.kernels.fused import RopeInputs
 from preheat.engine.kernels.linear import LinearWeight
 from preheat.engine.kernels.torch_backend import TorchBackend
@@ -21,9 +21,14 @@ class CpuKernelBackend(TorchBackend):
     name = "cpu"
     pad_cpu_rows = False  # the kernels need no kernel per shape (oneDNN does)
 
-    def __init__(self, kernels: ModuleType) -> None:
-        """`kernels`: the loaded extension module (cpu_ext.load() / build())."""
+    def __init__(self, kernels: ModuleType, dense_from_rows: dict[str, int] | None = None) -> None:
+        """`kernels`: one build of the extension (cpu_ext.load(), or a submodule of build()).
+        `dense_from_rows`: where long prompts multiply through dense rows
+        (cpu_ext.dense_prefill_rows; default: decided from this CPU's flags)."""
         self.kernels = kernels
+        if dense_from_rows is None:
+            dense_from_rows = cpu_ext.dense_prefill_rows(cpu_ext.read_cpu_flags(), getattr(kernels, "isa", ""))
+        self.dense_from_rows = dense_from_rows
 
     def _takes(self, t: torch.Tensor) -> bool:
         return t.device.type == "cpu" and t.dtype in (torch.float32, torch.bfloat16)
@@ -56,7 +61,7 @@ class CpuKernelBackend(TorchBackend):
     # ---------------------------------------------------------------- linear layers
     def prepare_linear(self, weight: torch.Tensor | int8.QuantizedWeight, bias: torch.Tensor | None,
                        dtype: torch.dtype) -> LinearWeight:  # fmt: skip
-        return linear.prepare(weight, bias, dtype, self.kernels)
+        return linear.prepare(weight, bias, dtype, self.kernels, self.dense_from_rows)
 
     # ---------------------------------------------------------------- element-wise
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -66,6 +66,24 @@ def runnable_isas(flags: set[str]) -> list[str]:
     return [isa for isa in ISA_CPU_FLAGS if not missing_cpu_flags(flags, isa)]
 
 
+# Rows from which a long prompt's product is cheaper through dense rows and the library GEMM
+# (oneDNN on AMX-BF16 tiles) than through the skinny kernels, per packed kind, measured on
+# Sapphire Rapids (benchmarks/long_prompt_matmul.py, results/long_prompt_matmul.md): for a
+# 1536 x 576 matrix the bf16 kernel takes 0.24 ms at 32 rows against 0.16 ms unpacked + oneDNN
+# (3.9 vs 0.5 ms at 512); dequantizing int8 / 4-bit codes costs ~0.45 ms, so those switch
+# only from ~192 rows (2.0 vs 0.75 ms at 512).
+DENSE_PREFILL_ROWS = {"bf16": 32, "int8": 192}
+
+
+def dense_prefill_rows(flags: set[str], isa: str) -> dict[str, int]:
+    """Pure: per packed kind, the row count from which `linear.apply` multiplies through dense
+    rows; empty (never) without AMX-BF16 or on the AVX2 build (an AVX2 CPU's library bf16
+    GEMM is slower than our kernel at every size: benchmarks/results/cpu_builds.md)."""
+    if isa != "avx512" or "amx_bf16" not in flags:
+        return {}
+    return dict(DENSE_PREFILL_ROWS)
+
+
 def choose_isa(flags: set[str], override: str | None) -> tuple[str | None, str]:
     """Pure: (build, why) for a CPU's flags and the PREHEAT_CPU_KERNELS value; build None
     when no build runs here (why says what is missing). An override the CPU cannot run is

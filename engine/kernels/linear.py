@@ -31,6 +31,9 @@ class LinearWeight:
     scales: torch.Tensor | None = None  # int8: [N/16, K/32, 2, 16] float16
     bias: torch.Tensor | None = None
     kernels: ModuleType | None = None  # the module that packed it (packed kinds only)
+    # Packed kinds: from this many rows (a long prompt) the product goes through dense rows
+    # unpacked for the call and F.linear (oneDNN on AMX); None: always the kernel.
+    dense_from_rows: int | None = None
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -47,15 +50,21 @@ class LinearWeight:
 
 def prepare(
     weight: torch.Tensor | int8.QuantizedWeight, bias: torch.Tensor | None, dtype: torch.dtype,
-    kernels: ModuleType | None = None,
+    kernels: ModuleType | None = None, dense_from_rows: dict[str, int] | None = None,
 ) -> LinearWeight:
     """The form of one weight that `apply` multiplies by: packed for `kernels` (the CPU
-    kernels module) where they take it, else plain. `dtype` is the activations' (the model's)."""
+    kernels module) where they take it, else plain. `dtype` is the activations' (the model's).
+    `dense_from_rows` (per packed kind, cpu_ext.dense_prefill_rows) sends long prompts in
+    bfloat16 through dense rows instead of the kernel; the weight is still stored once, packed."""
+    long_rows = dense_from_rows or {}
+    if dtype != torch.bfloat16:
+        long_rows = {}  # float32 activations keep the kernels' arithmetic at every size
     if isinstance(weight, int8.QuantizedWeight):
         n, k = weight.shape
         if kernels is not None and weight.codes.device.type == "cpu" and dtype in (torch.float32, torch.bfloat16):
             codes, scales = int8.pack(weight)
-            return LinearWeight(n, k, "int8", packed=codes, scales=scales, bias=bias, kernels=kernels)
+            return LinearWeight(n, k, "int8", packed=codes, scales=scales, bias=bias, kernels=kernels,
+                                dense_from_rows=long_rows.get("int8"))  # fmt: skip
         return LinearWeight(n, k, "int8-reference", weight=int8.dequantize(weight), bias=bias)
     n, k = weight.shape
     if kernels is not None and weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and k % 2 == 0:
@@ -63,13 +72,16 @@ def prepare(
         # F.pad copies even when it pads nothing: half of packing a model's weights at load.
         rows = F.pad(weight, (0, 0, 0, nb * 16 - n)) if nb * 16 != n else weight
         packed = rows.reshape(nb, 16, k // 2, 2).permute(0, 2, 1, 3).contiguous()
-        return LinearWeight(n, k, "bf16", packed=packed, bias=bias, kernels=kernels)
+        return LinearWeight(n, k, "bf16", packed=packed, bias=bias, kernels=kernels,
+                            dense_from_rows=long_rows.get("bf16"))  # fmt: skip
     return LinearWeight(n, k, "dense", weight=weight, bias=bias)
 
 
 def apply(x: torch.Tensor, w: LinearWeight, residual: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, K] -> x W^T (+ bias) (+ residual), in x's dtype. `residual` is added after the
     product is rounded to that dtype, as `residual + F.linear(x, W)` does."""
+    if w.dense_from_rows is not None and x.shape[0] >= w.dense_from_rows:
+        return _dense_product(x, w, residual)
     if w.kind == "bf16":
         return w.kernels.linear_bf16(_rows(x), w.packed, w.out_features, w.bias, residual)
     if w.kind == "int8":
@@ -77,6 +89,21 @@ def apply(x: torch.Tensor, w: LinearWeight, residual: torch.Tensor | None = None
     if w.kind == "int8-reference":
         return int8.reference_linear(x, w.weight, w.bias, residual)
     y = F.linear(x, w.weight, w.bias)
+    return y if residual is None else residual + y
+
+
+def _dense_product(x: torch.Tensor, w: LinearWeight, residual: torch.Tensor | None) -> torch.Tensor:
+    """A long prompt's product: the packed weight unpacked (bf16) or dequantized to x's dtype
+    (int8 / 4-bit codes: w = d q + m, rounded once) into dense rows for this call — about one
+    pass over the weight — then the library GEMM, many times faster than the skinny kernels
+    at hundreds of rows where the CPU has AMX."""
+    kernels = w.kernels
+    assert kernels is not None and w.packed is not None
+    if w.kind == "bf16":
+        dense = kernels.dense_bf16(w.packed, w.out_features)
+    else:
+        dense = kernels.dense_int8(w.packed, w.scales, w.out_features, x.dtype)
+    y = F.linear(x, dense, w.bias)
     return y if residual is None else residual + y
 
 

@@ -101,3 +101,9 @@ def test_builds_are_found_in_the_environment_before_the_user_cache(tmp_path):
         cpu_ext.Path("/opt/venv/share/preheat/kernels"), tmp_path / "xdg" / "preheat" / "kernels",
     ]
     assert cpu_ext.cache_dirs({**env, "PREHEAT_KERNEL_CACHE": "/k"}, prefix="/opt/venv") == [cpu_ext.Path("/k")]
+
+
+def test_long_prompts_go_dense_only_where_the_library_gemm_has_amx():
+    assert cpu_ext.dense_prefill_rows(SAPPHIRE_RAPIDS | {"amx_bf16"}, "avx512") == cpu_ext.DENSE_PREFILL_ROWS
+    assert cpu_ext.dense_prefill_rows(SAPPHIRE_RAPIDS, "avx512") == {}  # e.g. Zen 4: not measured, kernels
+    assert cpu_ext.dense_prefill_rows(SAPPHIRE_RAPIDS | {"amx_bf16"}, "avx2") == {}  # an AVX2 CPU has no AMX

@@ -284,3 +284,26 @@ def test_short_extends_run_as_decode_rows(cpu):
     close(got, expected, torch.float32)
     # Unprepared (an extend no forward pass planned), the backend lays it out itself.
     close(cpu.extend_attention(q, k_cache, v_cache, table, prefix, extend, 0.125), expected, torch.float32)
+
+
+@pytest.mark.parametrize("n", [40, 48])  # a partial column block, and none
+def test_packed_weights_unpack_to_their_dense_rows_exactly(kernels, n):
+    """The long-prompt path (linear._dense_product) multiplies by these rows: the bf16 packing
+    undone bit for bit, int8 / 4-bit codes dequantized as int8.dequantize does (then rounded
+    once to bfloat16), and the product equals F.linear by those rows."""
+    g = torch.Generator().manual_seed(n)
+    w = torch.randn((n, 96), generator=g)
+    bf16 = PACKER.prepare_linear(w.bfloat16(), None, torch.bfloat16)
+    assert torch.equal(kernels.dense_bf16(bf16.packed, n), w.bfloat16())
+    q = int8.quantize(w)
+    for qw in (q, int8.QuantizedWeight(q.codes // 17, q.scales, (torch.randn(q.offsets.shape, generator=g) * 0.1).half())):
+        codes, scales = int8.pack(qw)
+        assert torch.equal(kernels.dense_int8(codes, scales, n, torch.float32), int8.dequantize(qw))
+        assert torch.equal(kernels.dense_int8(codes, scales, n, torch.bfloat16), int8.dequantize(qw).bfloat16())
+    from preheat.engine.kernels import linear
+
+    x, r = torch.randn((40, 96), generator=g).bfloat16(), torch.randn((40, n), generator=g).bfloat16()
+    long = linear.prepare(w.bfloat16(), None, torch.bfloat16, kernels, {"bf16": 32})
+    assert long.dense_from_rows == 32
+    assert torch.equal(linear.apply(x, long, r), r + F.linear(x, w.bfloat16()))
+    close(linear.apply(x[:8], long), F.linear(x[:8], w.bfloat16()), torch.bfloat16, scale=4)  # short: the kernel

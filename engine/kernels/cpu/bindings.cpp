@@ -32,7 +32,7 @@ bool cpu_has_avx512_kernels() {
 #define PREHEAT_KERNEL_SET(ns, check)                                                                   \
   KernelSet{#ns, check, ns::decode_attention_scratch, ns::decode_attention_tasks, ns::decode_attention_combine, \
             ns::gemm_bf16_blocks, ns::quantize_rows_int16, ns::gemm_int8_blocks, ns::rms_norm_rows,         \
-            ns::silu_mul_rows, ns::rope_kv_rows}
+            ns::silu_mul_rows, ns::rope_kv_rows, ns::unpack_bf16_blocks, ns::dequantize_int8_blocks}
 const KernelSet AVX512 = PREHEAT_KERNEL_SET(avx512, cpu_has_avx512_kernels);
 const KernelSet AVX2 = PREHEAT_KERNEL_SET(avx2, cpu_has_avx2_kernels);
 #undef PREHEAT_KERNEL_SET
@@ -215,6 +215,46 @@ at::Tensor linear_int8(const KernelSet& k, const at::Tensor& x, const at::Tensor
   return y;
 }
 
+// Packed weights as dense rows [N, K] for a library GEMM (see linear.py's long-prompt path).
+at::Tensor dense_bf16(const KernelSet& k, const at::Tensor& packed, int64_t N) {
+  check_cpu(packed, "packed");
+  TORCH_CHECK(packed.dim() == 4 && packed.size(2) == 16 && packed.size(3) == 2 && packed.is_contiguous() &&
+                  packed.scalar_type() == at::kBFloat16 && packed.size(0) == (N + 15) / 16,
+              "dense_bf16: packed bf16 weight [ceil(N/16), K/2, 16, 2] expected");
+  GemmArgs a{};
+  a.w = packed.data_ptr();
+  a.N = N;
+  a.K = packed.size(1) * 2;
+  auto y = at::empty({N, a.K}, packed.options());
+  a.y = y.data_ptr();
+  over_column_blocks(N, [&](int64_t b, int64_t e) { k.unpack_bf16_blocks(a, b, e); });
+  return y;
+}
+
+at::Tensor dense_int8(const KernelSet& k, const at::Tensor& codes, const at::Tensor& dm, int64_t N,
+                      at::ScalarType dtype) {
+  check_cpu(codes, "codes");
+  const bool eight = codes.dim() == 4 && codes.size(2) == 16 && codes.size(3) == 2;
+  const bool four = codes.dim() == 3 && codes.size(2) == 32;
+  TORCH_CHECK((eight || four) && codes.is_contiguous() && codes.scalar_type() == at::kByte &&
+                  codes.size(0) == (N + 15) / 16,
+              "dense_int8: packed int8 codes expected");
+  TORCH_CHECK(dtype == at::kBFloat16 || dtype == at::kFloat, "dense_int8: bfloat16 or float32 rows");
+  GemmArgs a{};
+  a.w = codes.data_ptr();
+  a.N = N;
+  a.K = eight ? codes.size(1) * 2 : codes.size(1) * 4;
+  a.code_bits = eight ? 8 : 4;
+  TORCH_CHECK(dm.is_contiguous() && dm.scalar_type() == at::kHalf && dm.numel() == codes.size(0) * (a.K / 32) * 32,
+              "dense_int8: scales do not match");
+  a.dm = (const uint16_t*)dm.data_ptr();
+  a.out_dtype = dtype == at::kFloat ? 0 : 1;
+  auto y = at::empty({N, a.K}, codes.options().dtype(dtype));
+  a.y = y.data_ptr();
+  over_column_blocks(N, [&](int64_t b, int64_t e) { k.dequantize_int8_blocks(a, b, e); });
+  return y;
+}
+
 at::Tensor rms_norm(const KernelSet& k, const at::Tensor& x, const at::Tensor& w, double eps) {
   check_cpu(x, "x");
   TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1 && w.is_contiguous() && w.numel() == x.size(1) &&
@@ -305,6 +345,15 @@ void bind_set(pybind11::module_& m, const KernelSet& k) {
         return linear_int8(*set, x, codes, dm, n, bias, residual);
       },
       nogil, arg("x"), arg("codes"), arg("dm"), arg("n"), arg("bias") = py::none(), arg("residual") = py::none());
+  m.def(
+      "dense_bf16", [set](const at::Tensor& packed, int64_t n) { return dense_bf16(*set, packed, n); }, nogil,
+      arg("packed"), arg("n"));
+  m.def(
+      "dense_int8",
+      [set](const at::Tensor& codes, const at::Tensor& dm, int64_t n, at::ScalarType dtype) {
+        return dense_int8(*set, codes, dm, n, dtype);
+      },
+      nogil, arg("codes"), arg("dm"), arg("n"), arg("dtype"));
   m.def(
       "rms_norm", [set](const at::Tensor& x, const at::Tensor& w, double eps) { return rms_norm(*set, x, w, eps); },
       nogil, arg("x"), arg("weight"), arg("eps"));

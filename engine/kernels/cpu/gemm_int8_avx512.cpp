@@ -131,5 +131,11 @@ void quantize_rows_int16(const void* x, int64_t ldx, int dtype, int64_t K, int16
   }
 }
 
+void unpack_bf16_blocks(const GemmArgs& a, int64_t nb_begin, int64_t nb_end) { unpack_bf16_rows(a, nb_begin, nb_end); }
+
+void dequantize_int8_blocks(const GemmArgs& a, int64_t nb_begin, int64_t nb_end) {
+  dequantize_int8_rows(a, nb_begin, nb_end);
+}
+
 }  // namespace avx512
 }  // namespace preheat

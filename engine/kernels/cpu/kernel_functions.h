@@ -30,3 +30,9 @@ void silu_mul_rows(const void* gu, int64_t ldg, void* y, int64_t ldy, int64_t in
                    int64_t m_begin, int64_t m_end);
 // Rotary embedding and the KV write of rows [m_begin, m_end) (see RopeKVArgs).
 void rope_kv_rows(const RopeKVArgs& a, int64_t m_begin, int64_t m_end);
+
+// Packed weights back to dense rows, column blocks [nb_begin, nb_end) of 16 (a.w, a.dm,
+// a.N, a.K, a.code_bits in; a.y [N, K] out, bf16 or, for int8 codes, float32 when
+// a.out_dtype is 0): what a library GEMM multiplies a long prompt by.
+void unpack_bf16_blocks(const GemmArgs& a, int64_t nb_begin, int64_t nb_end);
+void dequantize_int8_blocks(const GemmArgs& a, int64_t nb_begin, int64_t nb_end);

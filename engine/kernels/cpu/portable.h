@@ -65,8 +65,8 @@ inline void for_each_task(const DecodeAttnArgs& a, const int32_t* task_b, const 
 inline uint16_t bf16_bits(float f) {
   uint32_t x;
   memcpy(&x, &f, 4);
-  if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40);
-  return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+  const uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+  return (uint16_t)((x & 0x7fffffffu) > 0x7f800000u ? (x >> 16) | 0x40 : rounded);  // a select, not a branch
 }
 
 // Merges the chunk partials of rows (b, h) in [begin, end) of B*H by their log-sum-exp
@@ -100,6 +100,68 @@ inline void combine_partials(const DecodeAttnArgs& a, const int64_t* first_task,
     } else {
       uint16_t* out = (uint16_t*)a.out + (b * a.H + h) * D;
       for (int64_t d = 0; d < D; ++d) out[d] = bf16_bits(o[d] * inv);
+    }
+  }
+}
+
+// Packed weights back to dense rows y [N, K] (bf16, or float32 for int8 codes when
+// out_dtype is 0), column blocks [nb_begin, nb_end) of 16: for a long prompt a library GEMM
+// (oneDNN on AMX) multiplies dense rows many times faster than the skinny kernels, and
+// unpacking one matrix costs about one pass over it. bf16: [nb, K/2, 16, 2] -> rows.
+inline void unpack_bf16_rows(const GemmArgs& a, int64_t nb_begin, int64_t nb_end) {
+  const int64_t K2 = a.K / 2;
+  for (int64_t nb = nb_begin; nb < nb_end; ++nb) {
+    const uint32_t* src = (const uint32_t*)a.w + nb * K2 * 16;  // one (k, k+1) pair per uint32
+    const int64_t cols = imin(16, a.N - nb * 16);
+    uint32_t* rows = (uint32_t*)a.y + nb * 16 * K2;
+    for (int64_t kp = 0; kp < K2; ++kp)
+      for (int64_t c = 0; c < cols; ++c) rows[c * K2 + kp] = src[kp * 16 + c];
+  }
+}
+
+// int8 / 4-bit codes with their block scales and offsets (see GemmArgs) to rows
+// w = d * q + m, rounded to bf16 (out_dtype 1) or kept in float32 (0). Walked as the codes
+// lie (per input pair, the 16 columns of a block side by side), written a pair per row.
+inline void dequantize_int8_rows(const GemmArgs& a, int64_t nb_begin, int64_t nb_end) {
+  const int64_t K = a.K, K2 = K / 2, KB = K / 32;
+  const int64_t stride = a.code_bits == 8 ? K * 16 : K * 8;  // bytes per column block
+  float d[16], m[16], lo[16], hi[16];
+  for (int64_t nb = nb_begin; nb < nb_end; ++nb) {
+    const int64_t cols = imin(16, a.N - nb * 16);
+    const uint8_t* codes = (const uint8_t*)a.w + nb * stride;
+    for (int64_t kp = 0; kp < K2; ++kp) {
+      if (kp % 16 == 0) {
+        const uint16_t* blk = a.dm + (nb * KB + kp / 16) * 32;
+        for (int c = 0; c < 16; ++c) {
+          d[c] = _cvtsh_ss(blk[c]);
+          m[c] = _cvtsh_ss(blk[16 + c]);
+        }
+      }
+      if (a.code_bits == 8) {
+        const uint8_t* q = codes + kp * 32;
+        for (int c = 0; c < 16; ++c) {
+          lo[c] = d[c] * (float)q[2 * c] + m[c];
+          hi[c] = d[c] * (float)q[2 * c + 1] + m[c];
+        }
+      } else {
+        const uint8_t* q = codes + (kp / 2) * 32;
+        const int shift = 4 * (int)(kp % 2);
+        for (int c = 0; c < 16; ++c) {
+          lo[c] = d[c] * (float)((q[2 * c] >> shift) & 15) + m[c];
+          hi[c] = d[c] * (float)((q[2 * c + 1] >> shift) & 15) + m[c];
+        }
+      }
+      const int64_t n0 = nb * 16;
+      if (a.out_dtype == 0) {
+        for (int64_t c = 0; c < cols; ++c) {
+          float* row = (float*)a.y + (n0 + c) * K + 2 * kp;
+          row[0] = lo[c];
+          row[1] = hi[c];
+        }
+      } else {
+        for (int64_t c = 0; c < cols; ++c)
+          ((uint32_t*)a.y)[(n0 + c) * K2 + kp] = (uint32_t)bf16_bits(lo[c]) | ((uint32_t)bf16_bits(hi[c]) << 16);
+      }
     }
   }
 }
