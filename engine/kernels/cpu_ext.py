@@ -70,9 +70,9 @@ def runnable_isas(flags: set[str]) -> list[str]:
 # (oneDNN on AMX-BF16 tiles) than through the skinny kernels, per packed kind, measured on
 # Sapphire Rapids (benchmarks/long_prompt_matmul.py, results/long_prompt_matmul.md): for a
 # 1536 x 576 matrix the bf16 kernel takes 0.24 ms at 32 rows against 0.16 ms unpacked + oneDNN
-# (3.9 vs 0.5 ms at 512); dequantizing int8 / 4-bit codes costs ~0.45 ms, so those switch
-# only from ~192 rows (2.0 vs 0.75 ms at 512).
-DENSE_PREFILL_ROWS = {"bf16": 32, "int8": 192}
+# (3.8 vs 0.5 ms at 512); dequantizing int8 / 4-bit codes costs ~0.3 ms, so those switch
+# only from ~160 rows (4-bit: 0.49 vs 0.46 ms at 128, 2.0 vs 0.67 ms at 512).
+DENSE_PREFILL_ROWS = {"bf16": 32, "int8": 160}
 
 
 def dense_prefill_rows(flags: set[str], isa: str) -> dict[str, int]:

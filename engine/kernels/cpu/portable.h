@@ -121,46 +121,44 @@ inline void unpack_bf16_rows(const GemmArgs& a, int64_t nb_begin, int64_t nb_end
 
 // int8 / 4-bit codes with their block scales and offsets (see GemmArgs) to rows
 // w = d * q + m, rounded to bf16 (out_dtype 1) or kept in float32 (0). Walked as the codes
-// lie (per input pair, the 16 columns of a block side by side), written a pair per row.
+// lie (per input pair, the 16 columns of a block side by side) into a 16 x 32 tile in L1,
+// then each row's 32 values written at once: a whole cache line per row and block.
 inline void dequantize_int8_rows(const GemmArgs& a, int64_t nb_begin, int64_t nb_end) {
-  const int64_t K = a.K, K2 = K / 2, KB = K / 32;
+  const int64_t K = a.K, KB = K / 32;
   const int64_t stride = a.code_bits == 8 ? K * 16 : K * 8;  // bytes per column block
-  float d[16], m[16], lo[16], hi[16];
+  alignas(64) float d[16], m[16], tile[16][32];
+  alignas(64) uint16_t tile16[16][32];
   for (int64_t nb = nb_begin; nb < nb_end; ++nb) {
     const int64_t cols = imin(16, a.N - nb * 16);
     const uint8_t* codes = (const uint8_t*)a.w + nb * stride;
-    for (int64_t kp = 0; kp < K2; ++kp) {
-      if (kp % 16 == 0) {
-        const uint16_t* blk = a.dm + (nb * KB + kp / 16) * 32;
-        for (int c = 0; c < 16; ++c) {
-          d[c] = _cvtsh_ss(blk[c]);
-          m[c] = _cvtsh_ss(blk[16 + c]);
-        }
+    for (int64_t kb = 0; kb < KB; ++kb) {
+      const uint16_t* blk = a.dm + (nb * KB + kb) * 32;
+      for (int c = 0; c < 16; ++c) {
+        d[c] = _cvtsh_ss(blk[c]);
+        m[c] = _cvtsh_ss(blk[16 + c]);
       }
-      if (a.code_bits == 8) {
-        const uint8_t* q = codes + kp * 32;
-        for (int c = 0; c < 16; ++c) {
-          lo[c] = d[c] * (float)q[2 * c] + m[c];
-          hi[c] = d[c] * (float)q[2 * c + 1] + m[c];
+      for (int p = 0; p < 16; ++p) {  // input pair kb * 16 + p: inputs 2p, 2p + 1 of the block
+        uint8_t q[32];
+        if (a.code_bits == 8) {
+          memcpy(q, codes + (kb * 16 + p) * 32, 32);
+        } else {
+          const uint8_t* src = codes + ((kb * 16 + p) / 2) * 32;
+          const int shift = 4 * (p % 2);
+          for (int i = 0; i < 32; ++i) q[i] = (uint8_t)((src[i] >> shift) & 15);
         }
-      } else {
-        const uint8_t* q = codes + (kp / 2) * 32;
-        const int shift = 4 * (int)(kp % 2);
         for (int c = 0; c < 16; ++c) {
-          lo[c] = d[c] * (float)((q[2 * c] >> shift) & 15) + m[c];
-          hi[c] = d[c] * (float)((q[2 * c + 1] >> shift) & 15) + m[c];
+          tile[c][2 * p] = d[c] * (float)q[2 * c] + m[c];
+          tile[c][2 * p + 1] = d[c] * (float)q[2 * c + 1] + m[c];
         }
       }
       const int64_t n0 = nb * 16;
       if (a.out_dtype == 0) {
-        for (int64_t c = 0; c < cols; ++c) {
-          float* row = (float*)a.y + (n0 + c) * K + 2 * kp;
-          row[0] = lo[c];
-          row[1] = hi[c];
-        }
+        for (int64_t c = 0; c < cols; ++c) memcpy((float*)a.y + (n0 + c) * K + kb * 32, tile[c], sizeof tile[c]);
       } else {
+        for (int c = 0; c < 16; ++c)
+          for (int i = 0; i < 32; ++i) tile16[c][i] = bf16_bits(tile[c][i]);
         for (int64_t c = 0; c < cols; ++c)
-          ((uint32_t*)a.y)[(n0 + c) * K2 + kp] = (uint32_t)bf16_bits(lo[c]) | ((uint32_t)bf16_bits(hi[c]) << 16);
+          memcpy((uint16_t*)a.y + (n0 + c) * K + kb * 32, tile16[c], sizeof tile16[c]);
       }
     }
   }
