@@ -421,6 +421,10 @@ def main() -> int:
 
         del hf, engine  # the decode-step run loads its own engines
         lines += ["", decode_step.run(decode_step.parse_args([])).rstrip("\n")]
+    builds = RESULTS / "cpu_builds.md"
+    if builds.exists():  # its own run (two processes: one of them emulates an AVX2-only CPU)
+        body = builds.read_text().split("\n", 1)[1].strip()
+        lines += ["", "## Every CPU, every dtype (from benchmarks/cpu_builds.py, results/cpu_builds.md)", "", body]
     text = "\n".join(lines) + "\n"
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(text)
