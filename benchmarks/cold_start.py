@@ -248,8 +248,8 @@ def before_after(before: dict, runs: list[Run]) -> str:
             f"{b['load_before']:.1f}–{b['load_after']:.1f} / {r.load_before:.1f}–{r.load_after:.1f} |")
     head = " | ".join(PHASE_NAMES.get(k, k) for k in PHASES)
     return f"""
-Before → after ({before["label"]} → this build; before measured {before["date"]}, the same
-script and machine, run right before this one; phases in seconds). A build that imports
+Before → after ({before["label"]} → this build; before measured {before["date"]} by the same
+script on this machine; phases in seconds). A build that imports
 torch only once the server listens moves that import from `process` to `imports`: compare
 their sum. The first /ready answer is when probes start to be answered.
 
