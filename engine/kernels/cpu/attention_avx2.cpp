@@ -12,7 +12,6 @@ namespace avx2 {
 namespace {
 
 constexpr int64_t MAX_DV = 32;  // head_dim / 8
-constexpr int KV_SAME = 0, KV_E5M2 = 2;  // DecodeAttnArgs::kv_dtype (1 = e4m3)
 
 // 8 fp8 values to float32 (see load16_fp8 in attention_avx512.cpp: e4m3 reads as value / 256).
 inline __m256 load8_fp8(const void* p, int kt) {
@@ -26,11 +25,6 @@ inline __m256 load8_fp8(const void* p, int kt) {
 template <int DT, int KT>
 inline __m256 load_kv8(const char* p) {
   return KT == KV_SAME ? load8(p, DT) : load8_fp8(p, KT);
-}
-
-template <int DT, int KT>
-constexpr int64_t kv_size() {
-  return KT != KV_SAME ? 1 : DT == 0 ? 4 : 2;
 }
 
 // Floats [i, i + 8) of s, lanes at or past n reading `fill`.
@@ -144,26 +138,6 @@ void attend_chunk(const DecodeAttnArgs& a, int64_t b, int64_t t0, int64_t t1, bo
   }
 }
 
-template <int DT, int KT>
-void attend_chunk_d(const DecodeAttnArgs& a, int64_t b, int64_t t0, int64_t t1, bool direct, float* part,
-                    const Scratch& sc) {
-  switch (a.D) {
-    case 64: attend_chunk<8, DT, KT>(a, b, t0, t1, direct, part, sc); break;
-    case 128: attend_chunk<16, DT, KT>(a, b, t0, t1, direct, part, sc); break;
-    default: attend_chunk<0, DT, KT>(a, b, t0, t1, direct, part, sc); break;
-  }
-}
-
-template <int DT>
-void attend_chunk_kv(const DecodeAttnArgs& a, int64_t b, int64_t t0, int64_t t1, bool direct, float* part,
-                     const Scratch& sc) {
-  switch (a.kv_dtype) {
-    case 1: attend_chunk_d<DT, 1>(a, b, t0, t1, direct, part, sc); break;
-    case 2: attend_chunk_d<DT, 2>(a, b, t0, t1, direct, part, sc); break;
-    default: attend_chunk_d<DT, KV_SAME>(a, b, t0, t1, direct, part, sc); break;
-  }
-}
-
 }  // namespace
 
 int64_t decode_attention_scratch(const DecodeAttnArgs& a) {
@@ -177,10 +151,10 @@ void decode_attention_tasks(const DecodeAttnArgs& a, const int32_t* task_b, cons
   const Scratch sc{scratch, o, o + a.H * a.D, o + a.H * a.D + 16 * a.D};
   for_each_task(a, task_b, task_chunk, num_chunks, begin, end,
                 [&](int64_t b, int64_t t0, int64_t t1, bool direct, float* part) {
-                  if (a.dtype == 0)
-                    attend_chunk_kv<0>(a, b, t0, t1, direct, part, sc);
-                  else
-                    attend_chunk_kv<1>(a, b, t0, t1, direct, part, sc);
+                  with_attention_types(a, [&](auto dt, auto kt, auto d) {
+                    attend_chunk<decltype(d)::value / 8, decltype(dt)::value, decltype(kt)::value>(
+                        a, b, t0, t1, direct, part, sc);
+                  });
                 });
 }
 

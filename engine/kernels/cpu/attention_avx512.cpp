@@ -17,7 +17,6 @@ namespace avx512 {
 namespace {
 
 constexpr int64_t MAX_DV = 16;  // head_dim / 16
-constexpr int KV_SAME = 0, KV_E5M2 = 2;  // DecodeAttnArgs::kv_dtype (1 = e4m3)
 
 // 16 fp8 values to float32 through their float16 bit patterns: e5m2 is the top byte of a
 // float16, exactly; e4m3's sign, exponent and mantissa moved to their float16 positions read
@@ -34,11 +33,6 @@ inline __m512 load16_fp8(const void* p, int kt) {
 template <int DT, int KT>
 inline __m512 load_kv16(const char* p) {
   return KT == KV_SAME ? load16(p, DT) : load16_fp8(p, KT);
-}
-
-template <int DT, int KT>
-constexpr int64_t kv_size() {
-  return KT != KV_SAME ? 1 : DT == 0 ? 4 : 2;
 }
 
 // out[i] = sum of the 16 lanes of v[i], for 16 vectors at once.
@@ -245,26 +239,6 @@ void attend_chunk(const DecodeAttnArgs& a, int64_t b, int64_t t0, int64_t t1, bo
   }
 }
 
-template <int DT, int KT>
-void attend_chunk_d(const DecodeAttnArgs& a, int64_t b, int64_t t0, int64_t t1, bool direct, float* part,
-                    const Scratch& sc) {
-  switch (a.D) {
-    case 64: attend_chunk<4, DT, KT>(a, b, t0, t1, direct, part, sc); break;
-    case 128: attend_chunk<8, DT, KT>(a, b, t0, t1, direct, part, sc); break;
-    default: attend_chunk<0, DT, KT>(a, b, t0, t1, direct, part, sc); break;
-  }
-}
-
-template <int DT>
-void attend_chunk_kv(const DecodeAttnArgs& a, int64_t b, int64_t t0, int64_t t1, bool direct, float* part,
-                     const Scratch& sc) {
-  switch (a.kv_dtype) {
-    case 1: attend_chunk_d<DT, 1>(a, b, t0, t1, direct, part, sc); break;
-    case 2: attend_chunk_d<DT, 2>(a, b, t0, t1, direct, part, sc); break;
-    default: attend_chunk_d<DT, KV_SAME>(a, b, t0, t1, direct, part, sc); break;
-  }
-}
-
 }  // namespace
 
 int64_t decode_attention_scratch(const DecodeAttnArgs& a) {
@@ -278,10 +252,10 @@ void decode_attention_tasks(const DecodeAttnArgs& a, const int32_t* task_b, cons
   const Scratch sc{scratch, scratch + a.H * a.chunk, scratch + a.H * a.chunk + a.H * a.D};
   for_each_task(a, task_b, task_chunk, num_chunks, begin, end,
                 [&](int64_t b, int64_t t0, int64_t t1, bool direct, float* part) {
-                  if (a.dtype == 0)
-                    attend_chunk_kv<0>(a, b, t0, t1, direct, part, sc);
-                  else
-                    attend_chunk_kv<1>(a, b, t0, t1, direct, part, sc);
+                  with_attention_types(a, [&](auto dt, auto kt, auto d) {
+                    attend_chunk<decltype(d)::value / 16, decltype(dt)::value, decltype(kt)::value>(
+                        a, b, t0, t1, direct, part, sc);
+                  });
                 });
 }
 

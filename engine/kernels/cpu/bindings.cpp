@@ -10,6 +10,8 @@
 
 #include <algorithm>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "kernels.h"
@@ -179,19 +181,28 @@ at::Tensor linear_bf16(const KernelSet& k, const at::Tensor& x, const at::Tensor
   return y;
 }
 
+// (code width, inputs K) of packed int8 codes for N outputs: [ceil(N/16), K/2, 16, 2] at 8
+// bits or [ceil(N/16), K/4, 32] at 4 (int8.pack); checks the layout and the scales beside it.
+std::pair<int, int64_t> packed_codes(const at::Tensor& codes, const at::Tensor& dm, int64_t N, const char* what) {
+  const bool eight = codes.dim() == 4 && codes.size(2) == 16 && codes.size(3) == 2;
+  const bool four = codes.dim() == 3 && codes.size(2) == 32;
+  TORCH_CHECK((eight || four) && codes.is_contiguous() && codes.scalar_type() == at::kByte &&
+                  codes.size(0) == (N + 15) / 16,
+              what, ": packed int8 codes [ceil(N/16), K/2, 16, 2] or [ceil(N/16), K/4, 32] expected");
+  const int64_t K = eight ? codes.size(1) * 2 : codes.size(1) * 4;
+  TORCH_CHECK(dm.is_contiguous() && dm.scalar_type() == at::kHalf && dm.numel() == codes.size(0) * (K / 32) * 32,
+              what, ": int8 weight scales do not match");
+  return {eight ? 8 : 4, K};
+}
+
 at::Tensor linear_int8(const KernelSet& k, const at::Tensor& x, const at::Tensor& codes, const at::Tensor& dm, int64_t N,
                        const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& residual) {
   check_cpu(x, "x");
   TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, "x must be [M, K] with contiguous rows");
   const int64_t M = x.size(0), K = x.size(1), KB = K / 32;
   TORCH_CHECK(K % 32 == 0, "K must be a multiple of 32");
-  const bool eight = codes.dim() == 4 && codes.size(1) * 2 == K && codes.size(2) == 16 && codes.size(3) == 2;
-  const bool four = codes.dim() == 3 && codes.size(1) * 4 == K && codes.size(2) == 32;
-  TORCH_CHECK((eight || four) && codes.is_contiguous() && codes.scalar_type() == at::kByte &&
-                  codes.size(0) == (N + 15) / 16,
-              "int8 weight codes do not match x");
-  TORCH_CHECK(dm.is_contiguous() && dm.scalar_type() == at::kHalf && dm.numel() == codes.size(0) * KB * 32,
-              "int8 weight scales do not match");
+  const auto [bits, codes_k] = packed_codes(codes, dm, N, "linear_int8");
+  TORCH_CHECK(codes_k == K, "int8 weight codes do not match x");
   const int dt = dtype_code(x);
   auto xq = at::empty({M, K}, x.options().dtype(at::kShort));
   auto xs = at::empty({M, KB}, x.options().dtype(at::kFloat));
@@ -208,7 +219,7 @@ at::Tensor linear_int8(const KernelSet& k, const at::Tensor& x, const at::Tensor
   a.xs = xs.data_ptr<float>();
   a.xsum = xsum.data_ptr<float>();
   a.K = K;
-  a.code_bits = eight ? 8 : 4;
+  a.code_bits = bits;
   auto y = make_output(x, N, bias, residual, a);
   if (M == 0) return y;
   over_column_blocks(N, [&](int64_t b, int64_t e) { k.gemm_int8_blocks(a, b, e); });
@@ -234,19 +245,11 @@ at::Tensor dense_bf16(const KernelSet& k, const at::Tensor& packed, int64_t N) {
 at::Tensor dense_int8(const KernelSet& k, const at::Tensor& codes, const at::Tensor& dm, int64_t N,
                       at::ScalarType dtype) {
   check_cpu(codes, "codes");
-  const bool eight = codes.dim() == 4 && codes.size(2) == 16 && codes.size(3) == 2;
-  const bool four = codes.dim() == 3 && codes.size(2) == 32;
-  TORCH_CHECK((eight || four) && codes.is_contiguous() && codes.scalar_type() == at::kByte &&
-                  codes.size(0) == (N + 15) / 16,
-              "dense_int8: packed int8 codes expected");
   TORCH_CHECK(dtype == at::kBFloat16 || dtype == at::kFloat, "dense_int8: bfloat16 or float32 rows");
   GemmArgs a{};
   a.w = codes.data_ptr();
   a.N = N;
-  a.K = eight ? codes.size(1) * 2 : codes.size(1) * 4;
-  a.code_bits = eight ? 8 : 4;
-  TORCH_CHECK(dm.is_contiguous() && dm.scalar_type() == at::kHalf && dm.numel() == codes.size(0) * (a.K / 32) * 32,
-              "dense_int8: scales do not match");
+  std::tie(a.code_bits, a.K) = packed_codes(codes, dm, N, "dense_int8");
   a.dm = (const uint16_t*)dm.data_ptr();
   a.out_dtype = dtype == at::kFloat ? 0 : 1;
   auto y = at::empty({N, a.K}, codes.options().dtype(dtype));

@@ -34,6 +34,14 @@ inline int64_t row_tile(int64_t M, int64_t max_mt) {
   return (M + tiles - 1) / tiles;
 }
 
+constexpr int KV_SAME = 0, KV_E5M2 = 2;  // DecodeAttnArgs::kv_dtype (1 = e4m3)
+
+// Bytes per cached value for queries of dtype DT and a cache of kv dtype KT.
+template <int DT, int KT>
+constexpr int64_t kv_size() {
+  return KT != KV_SAME ? 1 : DT == 0 ? 4 : 2;
+}
+
 // Row pointers of tokens [t, t + n) (n <= 16) in `cache`; rows past n repeat the first
 // (valid memory, weighted 0). One division per block: page and offset then advance.
 inline void token_rows(const DecodeAttnArgs& a, const void* cache, const int32_t* pages, int64_t t, int64_t n,
@@ -162,6 +170,40 @@ inline void dequantize_int8_rows(const GemmArgs& a, int64_t nb_begin, int64_t nb
       }
     }
   }
+}
+
+// A compile-time int, to hand a runtime value to a template (a plain struct: the kernel
+// files include no C++ library header).
+template <int V>
+struct Int {
+  static constexpr int value = V;
+};
+
+// attend(Int<dtype>, Int<kv_dtype>, Int<head_dim>) for `a`'s types: head dims 64 and 128 get
+// their own instantiation, any other is Int<0> (the kernel reads a.D). What both builds'
+// attend_chunk templates are instantiated over.
+template <int DT, int KT, typename Attend>
+inline void with_head_dim(const DecodeAttnArgs& a, Attend& attend) {
+  switch (a.D) {
+    case 64: attend(Int<DT>{}, Int<KT>{}, Int<64>{}); break;
+    case 128: attend(Int<DT>{}, Int<KT>{}, Int<128>{}); break;
+    default: attend(Int<DT>{}, Int<KT>{}, Int<0>{}); break;
+  }
+}
+template <int DT, typename Attend>
+inline void with_kv_dtype(const DecodeAttnArgs& a, Attend& attend) {
+  switch (a.kv_dtype) {
+    case 1: with_head_dim<DT, 1>(a, attend); break;
+    case 2: with_head_dim<DT, 2>(a, attend); break;
+    default: with_head_dim<DT, 0>(a, attend); break;
+  }
+}
+template <typename Attend>
+inline void with_attention_types(const DecodeAttnArgs& a, Attend&& attend) {
+  if (a.dtype == 0)
+    with_kv_dtype<0>(a, attend);
+  else
+    with_kv_dtype<1>(a, attend);
 }
 
 // Rows [m_begin, m_end) of rope + KV write, `rope_head(x, cos_sin, out, D, dtype)` rotating one head.
