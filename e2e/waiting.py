@@ -10,12 +10,20 @@ from typing import Any
 async def eventually(check: Callable[[], Awaitable[Any]], timeout: float,
                      interval: float = 0.05, what: str | None = None) -> Any:
     """Polls check() until it returns something truthy (AssertionError counts as not yet);
-    returns that value, or raises the last AssertionError after `timeout` seconds."""
+    returns that value, or raises the last AssertionError after `timeout` seconds.
+
+    One call of check() is bounded by what is left of `timeout` too (at least `interval`): a
+    check that hangs (an API call that never answers) fails here with its name, inside the
+    test's own budget, instead of running into pytest-timeout, which dumps the threads but
+    not the cluster's diagnostics the tests print on a failure."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while True:
         try:
-            result = await check()
+            try:
+                result = await asyncio.wait_for(check(), max(interval, deadline - loop.time()) + 60.0)
+            except asyncio.TimeoutError:
+                raise AssertionError(f"{what or check.__name__} did not return (hung)") from None
             if result:
                 return result
             error = AssertionError(f"{what or check.__name__} stayed {result!r} for {timeout} s")
