@@ -12,10 +12,11 @@ async def eventually(check: Callable[[], Awaitable[Any]], timeout: float,
     """Polls check() until it returns something truthy (AssertionError counts as not yet);
     returns that value, or raises the last AssertionError after `timeout` seconds.
 
-    One call of check() is bounded by what is left of `timeout` too (at least `interval`): a
-    check that hangs (an API call that never answers) fails here with its name, inside the
-    test's own budget, instead of running into pytest-timeout, which dumps the threads but
-    not the cluster's diagnostics the tests print on a failure."""
+    One call of check() is bounded too, by what is left of `timeout` (at least `interval`)
+    plus 60 s of grace for a slow but answering check: one that hangs (an API call that never
+    answers) fails here with its name, inside the test's own budget, instead of running into
+    pytest-timeout, which dumps the threads but not the cluster's diagnostics the tests print
+    on a failure."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while True:
@@ -23,7 +24,7 @@ async def eventually(check: Callable[[], Awaitable[Any]], timeout: float,
             try:
                 result = await asyncio.wait_for(check(), max(interval, deadline - loop.time()) + 60.0)
             except asyncio.TimeoutError:
-                raise AssertionError(f"{what or check.__name__} did not return (hung)") from None
+                raise AssertionError("did not return (hung)") from None  # named just below
             if result:
                 return result
             error = AssertionError(f"{what or check.__name__} stayed {result!r} for {timeout} s")
