@@ -25,6 +25,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -34,14 +35,15 @@ from preheat.engine.distributed.comm import all_reduce
 from preheat.engine.distributed.driver import DrivenModel
 from preheat.engine.distributed.launcher import TensorParallel
 from preheat.engine.dtypes import torch_dtype
-from preheat.engine.kernels.backend import KernelBackend, select_backend
+from preheat.engine.kernels.backend import CpuKernelBackend, KernelBackend, select_backend
 from preheat.engine.kv.cache_manager import KVCacheManager
 from preheat.engine.kv.pool import KVPool, available_memory_bytes, pool_pages
 from preheat.engine.kv.radix import RadixCache
 from preheat.engine.kv.snapshot import model_fingerprint, tokenizer_hash
 from preheat.engine.kv.tiers import KVTiers
+from preheat.engine.model import prepared_cache, tokenizer_facts
 from preheat.engine.model.build import build_model, select_moe_backend
-from preheat.engine.model.loader import load_model
+from preheat.engine.model.loader import cache_root_of, load_model
 from preheat.engine.model.locations import default_model_path
 from preheat.engine.model.quantize import effective_quantization, quantize_weights
 from preheat.engine.model.spec import ModelSpec
@@ -97,6 +99,7 @@ class LoadedModel:
     attention_backend: str
     load_seconds: float
     kernels: KernelBackend  # the kernel backend object the model was built with
+    prepared_dir: str | None = None  # the weight-cache entry of its prepared matrices, if kept
 
 
 @dataclass
@@ -148,13 +151,23 @@ class TokenizerParts:
     grammar: tuple[Any, Any, Any]  # as `grammar` returns
 
 
-def tokenizer_parts(tokenizer: Any, vocab_size: int, config: EngineConfig) -> TokenizerParts:
-    th = tokenizer_hash(
+def tokenizer_parts(tokenizer: Any, vocab_size: int, config: EngineConfig, model_dir: str | None = None,
+                    cache_root: Path | None = None) -> TokenizerParts:
+    """The tokenizer's hash and the grammar backend; what they derive from the tokenizer alone
+    is read from (or, the first time, kept in) the weight cache when the tokenizer came from
+    a model directory (engine/model/tokenizer_facts.py)."""
+    where = (Path(model_dir), cache_root) if model_dir and cache_root is not None else None
+    kept = tokenizer_facts.read(*where, vocab_size) if where else None
+    th = kept.tokenizer_hash if kept else tokenizer_hash(
         tokenizer.get_vocab(),
         special_tokens={k: str(v) for k, v in tokenizer.special_tokens_map.items()},
         chat_template=getattr(tokenizer, "chat_template", None),
     )
-    return TokenizerParts(th, grammar(tokenizer, vocab_size, config))
+    parts = grammar(tokenizer, vocab_size, config, kept.grammar_info if kept else None)
+    if where and kept is None:
+        tokenizer_facts.keep(*where, vocab_size, tokenizer_facts.TokenizerFacts(
+            th, getattr(parts[0], "tokenizer_info_json", None)))
+    return TokenizerParts(th, parts)
 
 
 def beside(fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future:
@@ -174,8 +187,8 @@ def beside(fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future:
 def _assemble(config: EngineConfig, device: torch.device, dtype: torch.dtype, tp: TensorParallel | None,
               kernels: KernelBackend) -> EngineParts:
     side: list[concurrent.futures.Future] = []
-    loaded = load(config, device, dtype, tp, kernels, on_tokenizer=lambda tok, spec: side.append(
-        beside(tokenizer_parts, tok, spec.vocab_size, config)))
+    loaded = load(config, device, dtype, tp, kernels, on_tokenizer=lambda tok, spec, model_dir: side.append(
+        beside(tokenizer_parts, tok, spec.vocab_size, config, model_dir, cache_root_of(config.weight_cache_dir))))
     parts: TokenizerParts = side[0].result()
     spec = loaded.spec
     max_model_len = min(config.max_model_len or spec.max_position_embeddings, spec.max_position_embeddings)
@@ -230,29 +243,40 @@ def _assemble(config: EngineConfig, device: torch.device, dtype: torch.dtype, tp
 
 
 def load(config: EngineConfig, device: torch.device, dtype: torch.dtype, tp: TensorParallel | None,
-         kernels: KernelBackend, on_tokenizer: Callable[[Any, ModelSpec], None] | None = None) -> LoadedModel:
+         kernels: KernelBackend, on_tokenizer: Callable[[Any, ModelSpec, str | None], None] | None = None,
+         ) -> LoadedModel:  # fmt: skip
     """Reads the checkpoint and builds the model on `device` (this rank's shard under tensor
-    parallelism, whose workers read their own). `on_tokenizer(tokenizer, spec)` is called
+    parallelism, whose workers read their own). `on_tokenizer(tokenizer, spec, model_dir)` is called
     once the tokenizer is loaded, before the model is built."""
     started = time.monotonic()
     loaded = load_model(config.model, dtype, config.weight_cache_dir)
     if on_tokenizer is not None:
-        on_tokenizer(loaded.tokenizer, loaded.spec)
+        on_tokenizer(loaded.tokenizer, loaded.spec, loaded.hf_dir)
     if tp is not None:
         tp.join(loaded)
     spec = loaded.spec
     moe_backend = select_moe_backend(device) if spec.moe is not None else "torch"
+    # The matrices as the kernels read them, kept by an earlier start with these weights.
+    cache_root = cache_root_of(config.weight_cache_dir)
+    entry = None
+    if cache_root is not None and isinstance(kernels, CpuKernelBackend) and tp is None and spec.moe is None:
+        entry = prepared_cache.entry_path(cache_root, loaded.weights_id, dtype, config.quantization)
+    prepared = prepared_cache.read(entry, spec, dtype, kernels.kernels, kernels.dense_from_rows) if entry else None
     weights = loaded.weights
-    if config.quantization:
+    if config.quantization and prepared is None:
         weights = quantize_weights(weights, spec, loaded.source, config.quantization)
     model = build_model(
-        spec, loaded.hf_config, weights, device, dtype, moe_backend, backend=kernels,
+        spec, loaded.hf_config, weights, device, dtype, moe_backend, backend=kernels, prepared=prepared,
         **({"sharder": tp.sharder(spec), "reduce": all_reduce} if tp else {}),
     )  # fmt: skip
     del weights  # the model holds what it needs; drop the checkpoint's own tensors
+    if entry is not None and prepared is None:
+        if not prepared_cache.write(entry, model, replace_unusable=(entry / prepared_cache.DONE).is_file()):
+            entry = None
     result = LoadedModel(
         model, loaded.hf_config, spec, loaded.tokenizer, config.served_model_name or loaded.served_name,
         loaded.weights_id, loaded.from_cache, loaded.hf_dir, kernels.name, time.monotonic() - started, kernels,
+        str(entry) if entry is not None else None,
     )
     del loaded
     log.info(
@@ -307,13 +331,15 @@ def fingerprint_of(loaded: LoadedModel, pool: KVPool, kv_dtype: torch.dtype, qua
     )
 
 
-def grammar(tokenizer: Any, vocab_size: int, config: EngineConfig) -> tuple[Any, Any, Any]:
+def grammar(tokenizer: Any, vocab_size: int, config: EngineConfig,
+            tokenizer_info_json: str | None = None) -> tuple[Any, Any, Any]:  # fmt: skip
     """(grammar backend, mask function, draft mask function); all None when xgrammar is not
     importable (structured output is optional for the core engine)."""
     try:
         from preheat.engine.sample import structured
 
-        backend = structured.GrammarBackend(tokenizer, vocab_size, compile_timeout=config.grammar_compile_timeout)
+        backend = structured.GrammarBackend(tokenizer, vocab_size, compile_timeout=config.grammar_compile_timeout,
+                                            tokenizer_info_json=tokenizer_info_json)  # fmt: skip
     except ImportError as exc:
         log.warning("structured output unavailable: %s", exc)
         return None, None, None

@@ -76,6 +76,7 @@ class Engine:
         self.model, self.hf_config, self.model_config = loaded.model, loaded.hf_config, loaded.spec
         self.tokenizer, self.served_model_name = loaded.tokenizer, loaded.served_model_name
         self.weights_id, self.weights_from_cache, self.hf_dir = loaded.weights_id, loaded.weights_from_cache, loaded.hf_dir
+        self.prepared_dir = loaded.prepared_dir  # the packed matrices kept in the weight cache, if any
         self.attention_backend, self.load_seconds = loaded.attention_backend, loaded.load_seconds
         self.kernels = loaded.kernels  # the kernel backend object (engine/kernels/backend.py)
         self.quantization = parts.quantization  # --quantization auto resolved: "int8" or None

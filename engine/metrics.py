@@ -160,7 +160,8 @@ METRICS: tuple[MetricDef, ...] = (
     MetricDef(
         "weight_cache_bytes", Gauge, "preheat_model_weight_cache_bytes",
         "Bytes of the converted weights this engine loaded from its weight cache "
-        "(--weight-cache-dir); 0 when it reads the model in place.",
+        "(--weight-cache-dir), and of the matrices it keeps there packed for the CPU kernels; "
+        "0 when it reads the model in place and packs nothing.",
     ),
     MetricDef(
         "snapshot_rejected", Counter, "preheat_snapshot_rejected",

@@ -47,7 +47,7 @@ def _load(model: dict[str, Any], dtype: Any) -> tuple[Any, Any, Any]:
     if model.get("weights_dir"):
         from transformers import AutoConfig
 
-        from preheat.engine.distributed.weights import LazyCheckpoint
+        from preheat.engine.model.checkpoint import LazyCheckpoint
 
         config = AutoConfig.from_pretrained(model["weights_dir"])
         return config, ModelSpec.from_hf_config(config), LazyCheckpoint(model["weights_dir"], dtype)

@@ -89,11 +89,13 @@ class KernelBackend(Protocol):
         their K/V already written; sequence i attends causally to its prefix_lens[i] cached
         tokens plus its own new ones. Returns [sum(extend_lens), num_heads, hd]."""
 
-    def prepare_linear(self, weight: torch.Tensor | QuantizedWeight, bias: torch.Tensor | None,
+    def prepare_linear(self, weight: torch.Tensor | QuantizedWeight | LinearWeight, bias: torch.Tensor | None,
                        dtype: torch.dtype) -> LinearWeight:  # fmt: skip
         """Once at load: weight [N, K] (a tensor or int8) in the form `apply_linear` reads;
         `dtype` is the activations'. LinearWeight.kind: "dense" (F.linear), "bf16" / "int8"
-        (packed for the CPU kernels) or "int8-reference" (PyTorch emulation of the kernel)."""
+        (packed for the CPU kernels) or "int8-reference" (PyTorch emulation of the kernel).
+        A LinearWeight (already prepared, e.g. read back by engine/model/prepared_cache.py)
+        is returned as it is."""
 
     def apply_linear(self, x: torch.Tensor, w: LinearWeight, residual: torch.Tensor | None = None) -> torch.Tensor:
         """x [M, K] -> x W^T (+ bias) (+ residual), in x's dtype; the residual is added after

@@ -59,7 +59,7 @@ class CpuKernelBackend(TorchBackend):
                                               extend_lens, scale)  # fmt: skip
 
     # ---------------------------------------------------------------- linear layers
-    def prepare_linear(self, weight: torch.Tensor | int8.QuantizedWeight, bias: torch.Tensor | None,
+    def prepare_linear(self, weight: torch.Tensor | int8.QuantizedWeight | LinearWeight, bias: torch.Tensor | None,
                        dtype: torch.dtype) -> LinearWeight:  # fmt: skip
         return linear.prepare(weight, bias, dtype, self.kernels, self.dense_from_rows)
 

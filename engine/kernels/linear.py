@@ -49,16 +49,19 @@ class LinearWeight:
 
 
 def prepare(
-    weight: torch.Tensor | int8.QuantizedWeight, bias: torch.Tensor | None, dtype: torch.dtype,
+    weight: torch.Tensor | int8.QuantizedWeight | LinearWeight, bias: torch.Tensor | None, dtype: torch.dtype,
     kernels: ModuleType | None = None, dense_from_rows: dict[str, int] | None = None,
 ) -> LinearWeight:
     """The form of one weight that `apply` multiplies by: packed for `kernels` (the CPU
     kernels module) where they take it, else plain. `dtype` is the activations' (the model's).
     `dense_from_rows` (per packed kind, cpu_ext.dense_prefill_rows) sends long prompts in
-    bfloat16 through dense rows instead of the kernel; the weight is still stored once, packed."""
-    long_rows = dense_from_rows or {}
-    if dtype != torch.bfloat16:
-        long_rows = {}  # float32 activations keep the kernels' arithmetic at every size
+    bfloat16 through dense rows instead of the kernel; the weight is still stored once, packed.
+    A weight already prepared (`restore`, its bias inside) comes back as it is."""
+    if isinstance(weight, LinearWeight):
+        if bias is not None:
+            raise ValueError("a prepared weight carries its own bias")
+        return weight
+    long_rows = _long_prompt_rows(dtype, dense_from_rows)
     if isinstance(weight, int8.QuantizedWeight):
         n, k = weight.shape
         if kernels is not None and weight.codes.device.type == "cpu" and dtype in (torch.float32, torch.bfloat16):
@@ -75,6 +78,55 @@ def prepare(
         return LinearWeight(n, k, "bf16", packed=packed, bias=bias, kernels=kernels,
                             dense_from_rows=long_rows.get("bf16"))  # fmt: skip
     return LinearWeight(n, k, "dense", weight=weight, bias=bias)
+
+
+def _long_prompt_rows(dtype: torch.dtype, dense_from_rows: dict[str, int] | None) -> dict[str, int]:
+    """Per packed kind, the rows from which a product goes through dense rows: float32
+    activations keep the kernels' arithmetic at every size."""
+    return dict(dense_from_rows or {}) if dtype == torch.bfloat16 else {}
+
+
+# The packed kinds and the tensors each stores (`stored` / `restore`).
+PACKED_TENSORS = {"bf16": ("packed",), "int8": ("packed", "scales")}
+
+
+def stored(w: LinearWeight) -> dict[str, torch.Tensor]:
+    """What `restore` needs of a packed weight besides its kind and shape: the packed
+    tensors and the bias (a restart reads them instead of packing the checkpoint again)."""
+    if w.kind not in PACKED_TENSORS:
+        raise ValueError(f"only packed weights are stored, not {w.kind!r}")
+    out = {name: getattr(w, name) for name in PACKED_TENSORS[w.kind]}
+    return out | ({"bias": w.bias} if w.bias is not None else {})
+
+
+def packed_shapes(kind: str, n: int, k: int) -> list[tuple[tuple[int, ...], torch.dtype]]:
+    """The (shape, dtype) choices `prepare` gives a packed weight [n, k]'s packed tensor
+    (int8: 8-bit codes, or 4-bit when every code fits) and then its scales."""
+    nb = -(-n // 16)
+    if kind == "bf16":
+        return [((nb, k // 2, 16, 2), torch.bfloat16)]
+    return [((nb, k // 2, 16, 2), torch.uint8), ((nb, k // 4, 32), torch.uint8),
+            ((nb, k // int8.BLOCK, 2, 16), torch.float16)]
+
+
+def restore(kind: str, n: int, k: int, tensors: dict[str, torch.Tensor], dtype: torch.dtype,
+            kernels: ModuleType, dense_from_rows: dict[str, int] | None = None) -> LinearWeight:
+    """The LinearWeight `prepare` made for these `stored` tensors, multiplied by `kernels`
+    (the same rules for long prompts). Raises ValueError when a tensor is not what `prepare`
+    packs for a [n, k] weight of that kind (a damaged or foreign cache entry)."""
+    if kind not in PACKED_TENSORS or set(tensors) - {"bias"} != set(PACKED_TENSORS[kind]):
+        raise ValueError(f"{kind!r} weight with tensors {sorted(tensors)}")
+    shapes = packed_shapes(kind, n, k)
+    packed, scales = tensors["packed"], tensors.get("scales")
+    if (tuple(packed.shape), packed.dtype) not in shapes[:2] or (
+        scales is not None and (tuple(scales.shape), scales.dtype) != shapes[-1]
+    ):
+        raise ValueError(f"{kind!r} [{n}, {k}] weight: packed {tuple(packed.shape)} {packed.dtype}")
+    bias = tensors.get("bias")
+    if bias is not None and tuple(bias.shape) != (n,):
+        raise ValueError(f"{kind!r} [{n}, {k}] weight: bias {tuple(bias.shape)}")
+    return LinearWeight(n, k, kind, packed=packed, scales=scales, bias=bias, kernels=kernels,
+                        dense_from_rows=_long_prompt_rows(dtype, dense_from_rows).get(kind))
 
 
 def apply(x: torch.Tensor, w: LinearWeight, residual: torch.Tensor | None = None) -> torch.Tensor:

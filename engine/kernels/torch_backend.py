@@ -48,7 +48,7 @@ class TorchBackend:
         return reference.extend_attention(q, k_cache, v_cache, page_table, prefix_lens, extend_lens, scale)
 
     # ---------------------------------------------------------------- linear layers
-    def prepare_linear(self, weight: torch.Tensor | int8.QuantizedWeight, bias: torch.Tensor | None,
+    def prepare_linear(self, weight: torch.Tensor | int8.QuantizedWeight | LinearWeight, bias: torch.Tensor | None,
                        dtype: torch.dtype) -> LinearWeight:  # fmt: skip
         return linear.prepare(weight, bias, dtype)
 

@@ -11,12 +11,14 @@ the weight cache — holds.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from preheat.engine.kernels.backend import KernelBackend, choose_backend
 from preheat.engine.kernels.int8 import QuantizedWeight
+from preheat.engine.kernels.linear import LinearWeight
 from preheat.engine.kernels.torch_backend import TorchBackend
 from preheat.engine.model.decoder import DecoderLayer, DecoderModel, Reduce
 from preheat.engine.model.layers import Attention, DenseMLP
@@ -33,7 +35,7 @@ MOE_BACKEND_ENV = "PREHEAT_MOE_BACKEND"
 def build_model(
     spec: ModelSpec, hf_config: Any, hf: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype,
     moe_backend: str = "torch", sharder: Sharder | None = None, reduce: Reduce | None = None,
-    backend: KernelBackend | None = None,
+    backend: KernelBackend | None = None, prepared: Mapping[str, LinearWeight] | None = None,
 ) -> DecoderModel:  # fmt: skip
     """The model on `device`. `backend` is the kernel backend every part runs on
     (engine/kernels/backend.py's select_backend; default the PyTorch reference): it decides
@@ -41,7 +43,9 @@ def build_model(
     choose_moe_backend) picks the experts implementation; it only matters for models with
     experts. A tensor-parallel rank passes its `sharder` (which slice of each weight it holds; sliced
     on the host, so only the slice reaches the device) and `reduce` (the all-reduce after
-    o_proj and down_proj, engine/distributed/sharding.py)."""
+    o_proj and down_proj, engine/distributed/sharding.py). `prepared`: the matrices already in
+    the backend's form, by engine/model/prepared_cache.py's names (a restart reads them from
+    the weight cache); `hf`'s matrices are then never read."""
     experts_fn, graphs_off = _experts_impl(moe_backend) if spec.moe is not None else (grouped_experts_torch, None)
     shard = sharder or WholeWeights(spec)
     kernels = backend or TorchBackend()
@@ -52,19 +56,24 @@ def build_model(
     def opt(name: str) -> torch.Tensor | None:
         return hf[name].to(device) if name in hf else None
 
+    ready = prepared is not None
     layers = []
     for i in range(spec.num_layers):
         p = f"model.layers.{i}."
         a = p + "self_attn."
-        qkv = shard.qkv(hf[a + "q_proj.weight"], hf[a + "k_proj.weight"], hf[a + "v_proj.weight"]).to(device)
+        if prepared is not None:
+            qkv, o = prepared[f"layers.{i}.attn.qkv"], prepared[f"layers.{i}.attn.o"]
+        else:
+            qkv = shard.qkv(hf[a + "q_proj.weight"], hf[a + "k_proj.weight"], hf[a + "v_proj.weight"]).to(device)
+            o = shard.o(hf[a + "o_proj.weight"]).to(device)
         qkv_bias = None
-        if spec.qkv_bias:
+        if spec.qkv_bias and not ready:
             qkv_bias = shard.qkv(hf[a + "q_proj.bias"], hf[a + "k_proj.bias"], hf[a + "v_proj.bias"]).to(device)
         attn = Attention(
-            qkv, shard.o(hf[a + "o_proj.weight"]).to(device), shard.heads.q_count, shard.heads.kv_count,
+            qkv, o, shard.heads.q_count, shard.heads.kv_count,
             spec.head_dim,
             qkv_bias=qkv_bias,
-            o_bias=shard.reduced_bias(get(a + "o_proj.bias")) if spec.o_bias else None,
+            o_bias=shard.reduced_bias(get(a + "o_proj.bias")) if spec.o_bias and not ready else None,
             q_norm=get(a + "q_norm.weight") if spec.qk_norm else None,
             k_norm=get(a + "k_norm.weight") if spec.qk_norm else None,
             norm_eps=spec.rms_norm_eps,
@@ -73,6 +82,9 @@ def build_model(
         )  # fmt: skip
         if spec.is_sparse(i):
             mlp: DenseMLP | SparseMoE = _sparse_moe(spec, hf, p, device, experts_fn, shard)
+        elif prepared is not None:  # biases are part of a prepared matrix
+            mlp = DenseMLP(prepared[f"layers.{i}.mlp.gate_up"], prepared[f"layers.{i}.mlp.down"], dtype=dtype,
+                           backend=kernels)  # fmt: skip
         else:
             m = p + "mlp."
             mlp = DenseMLP(
@@ -90,8 +102,11 @@ def build_model(
     embed = get("model.embed_tokens.weight")
     # A quantized LM head arrives as "lm_head.weight" even when tied (engine/model/quantize.py):
     # the embedding lookup keeps the unquantized tensor.
-    head = hf.get("lm_head.weight")
-    lm_head = embed if spec.tie_word_embeddings and not isinstance(head, QuantizedWeight) else get("lm_head.weight")
+    if prepared is not None:
+        lm_head: torch.Tensor | QuantizedWeight | LinearWeight = prepared["lm_head"]
+    else:
+        head = hf.get("lm_head.weight")
+        lm_head = embed if spec.tie_word_embeddings and not isinstance(head, QuantizedWeight) else get("lm_head.weight")
     inv_freq, scaling = rope_inv_freq(hf_config, spec.head_dim)
     rope = RotaryEmbedding(inv_freq.to(device), scaling, dtype)
     return DecoderModel(spec, embed, layers, get("model.norm.weight"), lm_head, rope, graphs_off, kernels)

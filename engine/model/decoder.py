@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from preheat.engine.kernels.backend import KernelBackend
 from preheat.engine.kernels.int8 import QuantizedWeight
+from preheat.engine.kernels.linear import LinearWeight
 from preheat.engine.kernels.rope import RotaryEmbedding
 from preheat.engine.kernels.torch_backend import TorchBackend
 from preheat.engine.model.layers import Attention, AttentionMetadata, DenseMLP, StepContext
@@ -78,7 +79,7 @@ class DecoderModel:
         embed: torch.Tensor,
         layers: list[DecoderLayer],
         norm: torch.Tensor,
-        lm_head: torch.Tensor | QuantizedWeight,
+        lm_head: torch.Tensor | QuantizedWeight | LinearWeight,
         rope: RotaryEmbedding,
         graphs_off_reason: str | None = None,
         backend: KernelBackend | None = None,

@@ -33,6 +33,7 @@ _SCALARS = {
     GGUFValueType.UINT32: "<I", GGUFValueType.INT32: "<i", GGUFValueType.FLOAT32: "<f", GGUFValueType.BOOL: "<?",
     GGUFValueType.UINT64: "<Q", GGUFValueType.INT64: "<q", GGUFValueType.FLOAT64: "<d",
 }  # fmt: skip
+_U64 = struct.Struct("<Q")
 
 
 class _Cursor:
@@ -64,6 +65,11 @@ class _Cursor:
             etype, count = self.unpack("<I"), self.unpack("<Q")
             if etype in _SCALARS:
                 self.pos += count * struct.calcsize(_SCALARS[GGUFValueType(etype)])
+            elif etype == GGUFValueType.STRING:  # a vocabulary: ~100k strings, one tight loop
+                buf, pos, length = self.buf, self.pos, _U64.unpack_from
+                for _ in range(count):
+                    pos += 8 + length(buf, pos)[0]
+                self.pos = pos
             else:
                 for _ in range(count):
                     self.value(etype, keep=False)

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from preheat.engine.kernels.backend import KernelBackend
 from preheat.engine.kernels.fused import RopeInputs, rms_norm
 from preheat.engine.kernels.int8 import QuantizedWeight
+from preheat.engine.kernels.linear import LinearWeight
 from preheat.engine.kernels.torch_backend import TorchBackend
 
 __all__ = ["Attention", "AttentionMetadata", "DenseMLP", "StepContext", "rms_norm"]
@@ -58,8 +59,8 @@ class Attention:
 
     def __init__(
         self,
-        qkv: torch.Tensor | QuantizedWeight,  # [(num_heads + 2 * num_kv_heads) * head_dim, hidden]
-        o: torch.Tensor | QuantizedWeight,  # [hidden, num_heads * head_dim]
+        qkv: torch.Tensor | QuantizedWeight | LinearWeight,  # [(num_heads + 2 * num_kv_heads) * head_dim, hidden]
+        o: torch.Tensor | QuantizedWeight | LinearWeight,  # [hidden, num_heads * head_dim]
         num_heads: int,
         num_kv_heads: int,
         head_dim: int,
@@ -140,8 +141,8 @@ class DenseMLP:
 
     def __init__(
         self,
-        gate_up: torch.Tensor | QuantizedWeight,  # [2 * intermediate, hidden], gate rows first
-        down: torch.Tensor | QuantizedWeight,  # [hidden, intermediate]
+        gate_up: torch.Tensor | QuantizedWeight | LinearWeight,  # [2 * intermediate, hidden], gate rows first
+        down: torch.Tensor | QuantizedWeight | LinearWeight,  # [hidden, intermediate]
         gate_up_bias: torch.Tensor | None = None,
         down_bias: torch.Tensor | None = None,
         dtype: torch.dtype | None = None,  # the activations' (default: the weights')

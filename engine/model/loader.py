@@ -17,12 +17,15 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
+
+from preheat.engine.model.checkpoint import LazyCheckpoint, weight_files
 
 # The embedded model and the cache's place live in a torch-free module; imported from here as before.
 from preheat.engine.model.config_cache import keep as config_cache_keep
@@ -49,7 +52,7 @@ class LoadedModel:
     hf_config: Any
     spec: ModelSpec
     tokenizer: Any
-    weights: dict[str, torch.Tensor]  # transformers names, in the requested dtype
+    weights: Mapping[str, torch.Tensor]  # transformers names, in the requested dtype (read on access)
     source: str
     served_name: str
     from_cache: bool
@@ -73,13 +76,18 @@ def weight_cache_entry_bytes(hf_dir: str | None) -> int:
     return sum(f.stat().st_size for f in Path(hf_dir).iterdir() if f.is_file())
 
 
+def cache_root_of(weight_cache_dir: str | None) -> Path | None:
+    """The weight cache's folder for --weight-cache-dir (None: "off")."""
+    return None if weight_cache_dir == "off" else Path(weight_cache_dir or default_weight_cache_dir())
+
+
 def load_model(model: str | None, dtype: torch.dtype, weight_cache_dir: str | None) -> LoadedModel:
     source = model or default_model_path()
     path = Path(source)
     if not path.exists():
         raise FileNotFoundError(f"--model {source!r}: no such file or directory")
     served = served_name_for(model)
-    cache_root = None if weight_cache_dir == "off" else Path(weight_cache_dir or default_weight_cache_dir())
+    cache_root = cache_root_of(weight_cache_dir)
     if path.is_dir():
         return _load_hf_dir(path, dtype, served, source, identify_in=cache_root, config_cache=cache_root)
     if path.suffix != ".gguf":
@@ -159,38 +167,9 @@ def _load_hf_dir(
     check_supported(str(path))  # a clear message before transformers meets an unknown model_type
     config, tokenizer = _config_and_tokenizer(path, config_cache)
     spec = ModelSpec.from_hf_config(config)
-    files = weight_files(path)
-    weights: dict[str, torch.Tensor] = {}
-    for f in files:
-        for name, tensor in load_file(str(f)).items():
-            weights[name] = tensor if tensor.dtype == dtype else tensor.to(dtype)
+    weights = LazyCheckpoint(path, dtype)  # a tensor is read when the model builder asks for it
     return LoadedModel(config, spec, tokenizer, weights, source, served, False, str(path),
-                       known_id or weights_id(files, identify_in))
-
-
-def weight_files(path: Path) -> list[Path]:
-    """The safetensors files that make up the checkpoint: those a sharded checkpoint's
-    `model.safetensors.index.json` names, else `model.safetensors`, else every
-    *.safetensors file. Going by the index keeps out stray files that share the directory
-    (Mistral repositories also ship `consolidated.safetensors`, the same weights under other
-    names)."""
-    index = path / "model.safetensors.index.json"
-    if index.is_file():
-        weight_map = json.loads(index.read_text()).get("weight_map") or {}
-        files = [path / name for name in sorted(set(weight_map.values()))]
-        missing = [f.name for f in files if not f.is_file()]
-        if missing:
-            raise FileNotFoundError(f"{path}: shards named in {index.name} are missing: {', '.join(missing)}")
-        if files:
-            return files
-    single = path / "model.safetensors"
-    if single.is_file():
-        return [single]
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"{path}: no *.safetensors weight files")
-    return files
-
+                       known_id or weights_id(weight_files(path), identify_in))
 
 
 def _write_cache_entry(target: Path, loaded: LoadedModel, replace_damaged: bool = False) -> None:

@@ -64,7 +64,7 @@ def quantize_weights(
 ) -> Int8Checkpoint:
     """The transformers-named weights with every matrix int8, as a mapping that quantizes
     each matrix when the model builder asks for it: a tensor-parallel worker reading its
-    checkpoint tensor by tensor (engine/distributed/weights.py) keeps doing so, and every
+    checkpoint tensor by tensor (engine/model/checkpoint.py) keeps doing so, and every
     rank quantizes the WHOLE matrix before its Sharder cuts its slice, so the slices are
     exactly the single-rank engine's. The LM head of a tied model comes back as
     "lm_head.weight" (the embedding tensor stays for the lookup)."""

@@ -108,14 +108,22 @@ class GrammarBackend:
 
     def __init__(
         self, tokenizer: Any, vocab_size: int, cache_size: int = 256,
-        compile_timeout: float = DEFAULT_COMPILE_TIMEOUT_S,
+        compile_timeout: float = DEFAULT_COMPILE_TIMEOUT_S, tokenizer_info_json: str | None = None,
     ) -> None:
+        """`tokenizer_info_json`: xgrammar's serialized tokenizer info for this tokenizer and
+        vocab_size, as `tokenizer_info_json` holds it (a restart reads it from the weight cache,
+        engine/model/tokenizer_facts.py); None: derived from the tokenizer."""
         # vocab_size is the model's logits width, which may exceed the tokenizer's (padding);
         # xgrammar then treats the extra ids as never allowed under a grammar.
         self.vocab_size = int(vocab_size)
-        self.tokenizer_info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
+        if tokenizer_info_json is not None:
+            self.tokenizer_info = xgr.TokenizerInfo.deserialize_json(tokenizer_info_json)
+        else:
+            self.tokenizer_info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
+            tokenizer_info_json = self.tokenizer_info.serialize_json()
+        self.tokenizer_info_json = tokenizer_info_json
         self.compile_timeout = compile_timeout
-        self.worker = grammar_worker.GrammarWorker(self.tokenizer_info.serialize_json())
+        self.worker = grammar_worker.GrammarWorker(tokenizer_info_json)
         self._cache: OrderedDict[tuple[str, str], CompiledGrammar] = OrderedDict()
         self._cache_size = cache_size
         self._lock = threading.Lock()

@@ -117,7 +117,8 @@ class WarmStart:
             aengine.metrics.kv_bytes_per_token.set(kv_bytes_per_token(fingerprint))
         from preheat.engine.model.loader import weight_cache_entry_bytes
 
-        aengine.metrics.weight_cache_bytes.set(weight_cache_entry_bytes(getattr(engine, "hf_dir", None)))
+        aengine.metrics.weight_cache_bytes.set(weight_cache_entry_bytes(getattr(engine, "hf_dir", None))
+                                               + weight_cache_entry_bytes(getattr(engine, "prepared_dir", None)))
         log.info("weights %s; CUDA-graph batch sizes %s",
                  "from the weight cache" if getattr(engine, "weights_from_cache", False)
                  else "converted (not from the weight cache)",

@@ -62,3 +62,20 @@ def test_the_operator_keeps_as_many_snapshots_as_the_engine_prunes_to():
     from preheat.operator.snapshot_storage import KEEP
 
     assert KEEP == DEFAULT_KEEP
+
+
+def test_the_packed_matrices_kept_in_the_weight_cache_count_too(tmp_path):
+    """engine/model/prepared_cache.py keeps the CPU kernels' packed matrices in the same
+    cache: on a shared snapshot claim they take room as the converted weights do."""
+    entries = []
+    for name, size in (("weights/abc-bfloat16-v1", 5000), ("weights/prepared/0123", 3000)):
+        entry = tmp_path / name
+        entry.mkdir(parents=True)
+        (entry / "model.safetensors").write_bytes(b"\0" * size)
+        (entry / "DONE").write_text("{}")
+        entries.append(entry)
+    aengine = _engine(tmp_path, _fingerprint("bfloat16"), str(entries[0]))
+    aengine.engine.prepared_dir = str(entries[1])
+    WarmStart.record_engine(aengine)
+    assert aengine.metrics.registry.get_sample_value("preheat_model_weight_cache_bytes") == \
+        sum(f.stat().st_size for e in entries for f in e.iterdir())
