@@ -38,7 +38,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from preheat.engine.dtypes import KV_DTYPES, SAFETENSORS_CODES, dtype_name
-from preheat.engine.kv.checksum import tensor_sha256
+from preheat.engine.kv.checksum import tensor_sha256, tensors_sha256
 from preheat.engine.kv.safe_read import TooLarge, UnsafeEntry, fd_path, open_dir, open_regular, read_regular
 from preheat.engine.peer.peer_secret import PeerKeys
 
@@ -824,10 +824,10 @@ def _read_tensors(file: str, name: str, entries: list[dict]) -> list[tuple[dict,
                     raise SnapshotRefused(
                         "size_mismatch", f"{e['tensor']} is {dtype}{shape}, manifest says {e['dtype']}{e['shape']}"
                     )
-                kv = f.get_tensor(e["tensor"])
-                if tensor_sha256(kv) != e["sha256"]:
-                    raise SnapshotRefused("checksum_mismatch", f"{name}:{e['tensor']} does not match its sha256")
-                out.append((e, kv))
+                out.append((e, f.get_tensor(e["tensor"])))
+        for (e, _), digest in zip(out, tensors_sha256([kv for _, kv in out]), strict=True):
+            if digest != e["sha256"]:
+                raise SnapshotRefused("checksum_mismatch", f"{name}:{e['tensor']} does not match its sha256")
     except SnapshotRefused:
         raise
     except OSError:
