@@ -5,6 +5,10 @@
     3. templates  --warmup-templates warmup_templates/ (empty snapshot dir; SIGTERM saves one)
     4. snapshot   templates + the snapshot that start 3 saved at shutdown
 
+Then `--restarts` more restarts of start 4 (time to ready only, each restoring what the last
+one saved): the issue 27 goal (restart to ready <= 4 s) is judged on their median, since one
+start moves by tenths of a second run to run on a shared 2-core machine.
+
 Each start's phases (process start and server imports, engine imports, model load, snapshot
 restore, built-in warmup, templates) come from /ready's `startup_steps`.
 
@@ -147,11 +151,11 @@ def json_body(system: str, schema: dict, text: str, max_tokens: int) -> dict:
 
 
 
-def run_mode(mode: str, flags: list[str], workdir: Path, q0: int, args: argparse.Namespace,
-             shop: dict, extract: dict) -> Run:
-    run = Run(mode, load_before=os.getloadavg()[0])
+def start_server(mode: str, flags: list[str], log_path: Path, args: argparse.Namespace,
+                 run: Run) -> tuple[subprocess.Popen, str]:
+    """Spawns `preheat serve` and polls /ready every 20 ms until it is 200; fills the run's
+    time to ready, first /ready answer and startup steps. (process, base URL)."""
     port = free_port()
-    log_path = workdir / f"{mode}.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREHEAT_")}
     cmd = [sys.executable, "-m", "preheat", "serve", "--host", "127.0.0.1", "--port", str(port),
            "--snapshot-interval", "0", *args.server_flags, *flags]
@@ -171,7 +175,35 @@ def run_mode(mode: str, flags: list[str], workdir: Path, q0: int, args: argparse
             except httpx.TransportError:
                 pass
             time.sleep(0.02)
-        run.time_to_ready = time.perf_counter() - started
+    except BaseException:
+        proc.kill()
+        raise
+    run.time_to_ready = time.perf_counter() - started
+    return proc, url
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)  # drains, then saves the snapshot
+    proc.wait(120)
+
+
+def restart_only(flags: list[str], workdir: Path, index: int, args: argparse.Namespace) -> Run:
+    """One more restart of a mode: time to ready and its steps, no request; SIGTERM saves a
+    snapshot as every start does (a pod restarting again and again)."""
+    run = Run("restart", load_before=os.getloadavg()[0])
+    proc, _ = start_server("restart", flags, workdir / f"restart-{index}.log", args, run)
+    stop_server(proc)
+    run.load_after = os.getloadavg()[0]
+    return run
+
+
+def run_mode(mode: str, flags: list[str], workdir: Path, q0: int, args: argparse.Namespace,
+             shop: dict, extract: dict) -> Run:
+    run = Run(mode, load_before=os.getloadavg()[0])
+    log_path = workdir / f"{mode}.log"
+    proc, url = start_server(mode, flags, log_path, args, run)
+    try:
 
         # The first real request, then the same shape fresh, several times.
         time.sleep(args.gap)
@@ -198,9 +230,7 @@ def run_mode(mode: str, flags: list[str], workdir: Path, q0: int, args: argparse
             run.back_to_back_chat.append(stream_ttft(url, chat_body(shop["system"], question(q0 + i),
                                                                     args.max_tokens))[0])
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)  # drains, then saves the snapshot (start 2)
-        proc.wait(120)
+        stop_server(proc)
     run.load_after = os.getloadavg()[0]
     log = log_path.read_text(errors="replace")
     if "from cache" not in log:
@@ -259,7 +289,28 @@ their sum. The first /ready answer is when probes start to be answered.
 """
 
 
-def report(runs: list[Run], args: argparse.Namespace, before: dict | None = None) -> str:
+def restarts_section(best: Run, restarts: list[Run]) -> str:
+    """The templates + snapshot start and the restarts after it: one start is one draw of a
+    time that moves by tenths of a second run to run on this machine."""
+    if not restarts:
+        return ""
+    all_runs = [best, *restarts]
+    times = [r.time_to_ready for r in all_runs]
+    phases = " / ".join(
+        f"{statistics.median(r.steps[k] for r in all_runs):.2f}" if all(k in r.steps for r in all_runs) else "–"
+        for k in PHASES)  # fmt: skip
+    loads = [x for r in all_runs for x in (r.load_before, r.load_after)]
+    return f"""
+Restarts with templates + snapshot, {len(all_runs)} in all (the measured start above and
+{len(restarts)} more right after it, each restoring what the previous one saved, nothing sent):
+time to ready **median {statistics.median(times):.2f} s**, min {min(times):.2f}, max {max(times):.2f}
+({', '.join(f'{t:.2f}' for t in times)}); median phases process / imports / load / restore /
+warmup / templates {phases} s; 1-min load {min(loads):.2f}–{max(loads):.2f}.
+"""
+
+
+def report(runs: list[Run], args: argparse.Namespace, before: dict | None = None,
+           restarts: list[Run] | None = None) -> str:  # fmt: skip
     rows = []
     for r in runs:
         chat_med, json_med = statistics.median(r.steady_chat), statistics.median(r.steady_json)
@@ -275,7 +326,8 @@ def report(runs: list[Run], args: argparse.Namespace, before: dict | None = None
     best = runs[-1]
     ratio = best.first_chat / statistics.median(best.steady_chat)
     verdict_ratio = "met" if ratio <= TARGET_RATIO else "NOT met"
-    verdict_ready = "met" if best.time_to_ready <= TARGET_READY_S else "NOT met"
+    ready_s = statistics.median([best.time_to_ready] + [r.time_to_ready for r in restarts or []])
+    verdict_ready = "met" if ready_s <= TARGET_READY_S else "NOT met"
     busiest = max(max(r.load_before, r.load_after) for r in runs)
     busy_note = ("" if busiest <= 1.5 else
                  f", at a 1-min load up to {busiest:.1f} on {os.cpu_count()} cores: absolute times are inflated")
@@ -305,7 +357,8 @@ average (1 min) before → after each start is in the last column. {quiet}
 
 Targets (issues 4 and 27), with templates + snapshot: first-request TTFT ≤ {TARGET_RATIO}× steady state —
 **{verdict_ratio}** ({ratio:.2f}×); time to ready ≤ {TARGET_READY_S:.0f} s — **{verdict_ready}**
-({best.time_to_ready:.1f} s){busy_note}.
+({ready_s:.2f} s{", the median of the restarts below" if restarts else ""}){busy_note}.
+{restarts_section(best, restarts or [])}
 {before_after(before, runs) if before else ""}
 How it is measured:
 
@@ -365,6 +418,8 @@ Reading the numbers:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steady", type=int, default=5, help="steady-state requests per kind")
+    p.add_argument("--restarts", type=int, default=6,
+                   help="more restarts with templates + snapshot after start 4, timed to ready only")
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--gap", type=float, default=1.0, help="idle seconds before each measured request")
     p.add_argument("--templates", type=Path, default=TEMPLATES)
@@ -399,12 +454,17 @@ def main() -> int:
                   f"steady {ms(statistics.median(r.steady_chat))} ms; {'; '.join(r.notes)}", flush=True)
             if i == 2 and not any(n.startswith("snap-") for n in os.listdir(snaps)):
                 raise SystemExit("start 3 saved no snapshot; see its log")
+        restarts = []
+        for i in range(args.restarts):
+            restarts.append(restart_only(plan[-1][1], work, i, args))
+            print(f"restart {i + 1}: ready in {restarts[-1].time_to_ready:.2f}s", flush=True)
     before = json.loads(args.before.read_text()) if args.before else None
-    text = report(runs, args, before)
+    text = report(runs, args, before, restarts)
     args.out.write_text(text)
     (args.json or args.out.with_suffix(".json")).write_text(json.dumps(
         {"label": args.label, "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
-         "runs": [dataclasses.asdict(r) for r in runs]}, indent=1))
+         "runs": [dataclasses.asdict(r) for r in runs],
+         "restarts": [dataclasses.asdict(r) for r in restarts]}, indent=1))
     print(text)
     return 0
 
