@@ -94,12 +94,12 @@ async def one_request(client: Any, model: str, i: int, question: str,
 
 async def run_clients(base_url: str, model: str, clients: int, max_tokens: int,
                       out: TextIO, stop: asyncio.Event, attempts: int = MAX_ATTEMPTS) -> None:
-    import httpx
-    from openai import AsyncOpenAI
+    from openai import AsyncOpenAI, Timeout
 
     async def user(i: int) -> None:
+        # openai's own Timeout: the client's HTTP library (httpx, httpx2 from openai 3.x) refuses another's.
         client = AsyncOpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0,
-                             timeout=httpx.Timeout(TOTAL_TIMEOUT_S, connect=2.0))
+                             timeout=Timeout(TOTAL_TIMEOUT_S, connect=2.0))
         n = 0
         try:
             while not stop.is_set():
