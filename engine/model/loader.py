@@ -13,9 +13,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import shutil
-import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -40,7 +37,7 @@ from preheat.engine.model.locations import (  # noqa: F401
 )
 from preheat.engine.model.preflight import check_supported
 from preheat.engine.model.spec import ModelSpec
-from preheat.engine.model.weights_id import weights_id
+from preheat.engine.model.weights_id import weights_id, write_entry
 
 log = logging.getLogger(__name__)
 
@@ -179,9 +176,8 @@ def _write_cache_entry(target: Path, loaded: LoadedModel, replace_damaged: bool 
     The cache may sit on a volume shared by many pods that start together. A complete entry
     that appeared while this one was converting is kept (another pod may be reading it);
     an incomplete one, or one this process found unusable (`replace_damaged`), is replaced."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
-    try:
+
+    def fill(tmp: Path) -> None:
         weights = dict(loaded.weights)
         if loaded.spec.tie_word_embeddings:
             weights.pop("lm_head.weight", None)  # shared storage; safetensors refuses aliases
@@ -189,17 +185,5 @@ def _write_cache_entry(target: Path, loaded: LoadedModel, replace_damaged: bool 
         loaded.hf_config.save_pretrained(tmp)
         loaded.tokenizer.save_pretrained(tmp)
         (tmp / "DONE").write_text(json.dumps({"source": loaded.source, "created": time.time()}))
-        if (target / "DONE").is_file() and not replace_damaged:
-            shutil.rmtree(tmp, ignore_errors=True)  # another writer finished first
-            return
-        if target.exists():
-            shutil.rmtree(target, ignore_errors=True)
-        try:
-            os.replace(tmp, target)
-        except OSError:
-            if not (target / "DONE").is_file():
-                raise
-            shutil.rmtree(tmp, ignore_errors=True)  # lost the rename race to a complete entry
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+
+    write_entry(target, fill, replace_damaged)

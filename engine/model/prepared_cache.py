@@ -24,9 +24,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -36,6 +33,7 @@ import torch
 from preheat.engine.kernels import linear
 from preheat.engine.kernels.linear import LinearWeight
 from preheat.engine.model.spec import ModelSpec
+from preheat.engine.model.weights_id import write_entry
 
 log = logging.getLogger(__name__)
 
@@ -139,25 +137,18 @@ def write(entry: Path, model: Any, replace_unusable: bool = False) -> bool:
     started = time.monotonic()
     tensors = {f"{name}.{part}": t.contiguous() for name, w in linears.items() for part, t in linear.stored(w).items()}
     kinds = json.dumps({name: w.kind for name, w in linears.items()})
-    tmp: Path | None = None
-    try:
+
+    def fill(tmp: Path) -> None:
         from safetensors.torch import save_file
 
-        entry.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=entry.parent))
         save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": FORMAT, "kinds": kinds})
         (tmp / DONE).write_text(json.dumps({"created": time.time()}))
-        if (entry / DONE).is_file() and not replace_unusable:
-            shutil.rmtree(tmp, ignore_errors=True)  # another process finished first
-            return True
-        if entry.exists():
-            shutil.rmtree(entry, ignore_errors=True)  # an incomplete or unusable entry
-        os.replace(tmp, entry)
+
+    try:
+        write_entry(entry, fill, replace_unusable)
     except OSError as exc:
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
         if (entry / DONE).is_file():
-            return True  # lost the rename race to a complete entry
+            return True  # written meanwhile by another process
         log.warning("prepared weights: could not write %s (%s); the next start prepares them again", entry, exc)
         return False
     log.info("prepared weights: kept %d matrices in %s in %.2fs", len(linears), entry, time.monotonic() - started)

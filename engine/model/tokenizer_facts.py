@@ -14,13 +14,13 @@ size the info was built for; anything else, or anything unreadable, is computed 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
+from preheat.engine.model.config_cache import sidecar_path
 from preheat.engine.model.config_cache import signature as config_signature
 from preheat.engine.model.weights_id import write_atomically
 
@@ -36,8 +36,8 @@ class TokenizerFacts:
 
 
 def path(model_dir: Path, cache_root: Path) -> Path:
-    name = hashlib.sha256(str(Path(model_dir).resolve()).encode()).hexdigest()[:32]
-    return cache_root / "configs" / f"{name}.tokenizer.json"
+    """Beside the model's kept config: `<name>.tokenizer.json` next to `<name>.json`."""
+    return sidecar_path(model_dir, cache_root).with_suffix(".tokenizer.json")
 
 
 def signature(model_dir: Path, vocab_size: int) -> list[list]:

@@ -15,7 +15,9 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -98,3 +100,30 @@ def write_atomically(place: Path, text: str) -> bool:
     except OSError:
         Path(tmp).unlink(missing_ok=True)
         return False
+
+
+def write_entry(target: Path, fill: Callable[[Path], None], replace_unusable: bool = False) -> None:
+    """Writes a cache entry (a directory that `fill(tmp)` fills, a DONE file last) next to
+    `target` and renames it into place, so a crash or a concurrent writer never leaves a
+    half-written entry that looks complete. The cache may sit on a volume shared by many pods
+    that start together: a complete entry that appeared meanwhile is kept (another pod may be
+    reading it), unless this process found it unusable (`replace_unusable`); an incomplete one
+    is replaced. Raises what writing raises (OSError), after removing its temp dir."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
+    try:
+        fill(tmp)
+        if (target / "DONE").is_file() and not replace_unusable:
+            shutil.rmtree(tmp, ignore_errors=True)  # another writer finished first
+            return
+        if target.exists():
+            shutil.rmtree(target, ignore_errors=True)
+        try:
+            os.replace(tmp, target)
+        except OSError:
+            if not (target / "DONE").is_file():
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)  # lost the rename race to a complete entry
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

@@ -111,7 +111,7 @@ class GrammarBackend:
         compile_timeout: float = DEFAULT_COMPILE_TIMEOUT_S, tokenizer_info_json: str | None = None,
     ) -> None:
         """`tokenizer_info_json`: xgrammar's serialized tokenizer info for this tokenizer and
-        vocab_size, as `tokenizer_info_json` holds it (a restart reads it from the weight cache,
+        vocab_size, as `self.tokenizer_info_json` holds it (a restart reads it from the weight cache,
         engine/model/tokenizer_facts.py); None: derived from the tokenizer."""
         # vocab_size is the model's logits width, which may exceed the tokenizer's (padding);
         # xgrammar then treats the extra ids as never allowed under a grammar.
