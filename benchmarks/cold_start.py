@@ -369,7 +369,8 @@ Targets (issues 4 and 27), with templates + snapshot: first-request TTFT ≤ {TA
 {before_after(before, runs) if before else ""}
 How it is measured:
 
-- **time to ready**: from spawning the process to the first `/ready` 200 (polled every 20 ms);
+- **time to ready**: from spawning the process to the first `/ready` 200 (polled every 20 ms
+  by one kept-alive client; until 2026-12-05 each poll built its own, ~20 ms of CPU a poll);
   the phases column is `/ready`'s `startup_steps` (also `preheat_startup_step_seconds`):
   `process` = interpreter start and the server's imports up to the engine's first step,
   `imports` = the engine's imports (torch, transformers, kernels), `load` = weights, KV pool,
