@@ -147,11 +147,14 @@ def configs(args: argparse.Namespace) -> list[list[Config]]:
     """Per engine setting (bf16, int8), its configurations."""
     out = []
     for label, llm in (("bf16", {"dtype": "bfloat16"}), ("int8", {"dtype": "bfloat16", "quantization": "int8"})):
+        if label not in args.settings:
+            continue
         group = [Config(f"decode step, {label}, batch {batch}", llm,
                         {"op": "decode", "batch": batch, "context": args.context, "steps": args.steps}, "ms")
                  for batch in args.batches]
-        group.append(Config(f"multi-turn chat, {label}", llm,
-                            {"op": "chat", "conversations": 8, "turns": 3, "system": 300, "tokens": 32}, "tok/s"))
+        if args.chat:
+            group.append(Config(f"multi-turn chat, {label}", llm,
+                                {"op": "chat", "conversations": 8, "turns": 3, "system": 300, "tokens": 32}, "tok/s"))
         out.append(group)
     return out
 
@@ -206,6 +209,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--after", required=True)
     ap.add_argument("--rounds", type=int, default=8, help="rounds per configuration and session")
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 16])
+    ap.add_argument("--settings", nargs="+", choices=["bf16", "int8"], default=["bf16", "int8"])
+    ap.add_argument("--no-chat", dest="chat", action="store_false", help="decode steps only")
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--steps", type=int, default=24, help="timed decode steps per round and side")
     ap.add_argument("--threads", type=int, default=2)
