@@ -10,6 +10,8 @@
 // output factor, so the loops stay the same.
 // Chunks of one row are merged with their log-sum-exp, so even one long sequence keeps
 // every thread busy.
+#include <initializer_list>
+
 #include "avx512_common.h"
 
 namespace preheat {
@@ -191,6 +193,16 @@ void attend_chunk(const DecodeAttnArgs& a, int64_t b, int64_t t0, int64_t t1, bo
       token_rows(a, a.k_cache, pages, blk + 16, next, kesz, ahead);
       for (int64_t i = 0; i < next; ++i)
         for (int64_t off = 0; off < row_bytes; off += 64) _mm_prefetch(ahead[i] + off, _MM_HINT_T0);
+    }
+    // Keys and values two blocks ahead to L2: each 16-token page lies anywhere in the pool,
+    // so the hardware prefetchers stop at every page; asked for early, it is there in time.
+    const int64_t far = imin(16, t1 - blk - 32);
+    if (far > 0) {
+      for (const void* cache : {a.k_cache, a.v_cache}) {
+        token_rows(a, cache, pages, blk + 32, far, kesz, ahead);
+        for (int64_t i = 0; i < far; ++i)
+          for (int64_t off = 0; off < row_bytes; off += 64) _mm_prefetch(ahead[i] + off, _MM_HINT_T1);
+      }
     }
     for (int64_t kvh = 0; kvh < a.KVH; ++kvh) {
       const char* rows[16];
