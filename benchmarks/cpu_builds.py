@@ -2,7 +2,7 @@
 (conversations sharing a system prompt, a reply per turn) for Preheat against transformers'
 batched `generate` in the same dtype, bfloat16 and float32, on two machines:
 
-- this machine as it is (AVX-512 VNNI/BF16, AMX): Preheat's AVX-512 kernels;
+- this machine as it is (its report line names its CPU features): Preheat's AVX-512 kernels;
 - an AVX2-only CPU, **emulated** on this one (a stand-in: a child process with
   PREHEAT_CPU_KERNELS=avx2 for our kernels, ATEN_CPU_CAPABILITY=avx2 for PyTorch's own
   kernels, ONEDNN_MAX_CPU_ISA=AVX2 and MKL_ENABLE_INSTRUCTIONS=AVX2 for its libraries, so
@@ -86,6 +86,23 @@ def median(values: list[float]) -> float:
     return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
 
 
+def native_cpu(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """This CPU as the report names it: its model and which of the kernels' features it has
+    (the AMX-or-not difference moves transformers' bf16 side by 2x)."""
+    from preheat.engine.kernels.cpu_ext import read_cpu_flags
+
+    flags = read_cpu_flags(cpuinfo)
+    try:
+        model = next((line.split(":", 1)[1].strip() for line in open(cpuinfo) if line.startswith("model name")),
+                     "unknown model")
+    except OSError:
+        model = "unknown model"
+    features = [("avx512_vnni", "AVX-512 VNNI"), ("avx512_bf16", "AVX-512 BF16"), ("amx_bf16", "AMX")]
+    have = [name for flag, name in features if flag in flags]
+    lack = [name for flag, name in features if flag not in flags]
+    return f"{model}: {', '.join(have) or 'none of AVX-512 VNNI/BF16, AMX'}" + (f"; no {', '.join(lack)}" if lack and have else "")
+
+
 def report(results: dict[str, list[dict]], args: argparse.Namespace, threads: int) -> str:
     lines = [
         "# Every CPU, every dtype: Preheat's kernel builds against transformers",
@@ -95,7 +112,7 @@ def report(results: dict[str, list[dict]], args: argparse.Namespace, threads: in
         f"{args.turns} turns, {args.max_tokens} new tokens per turn (greedy, eos ignored). One process per "
         f"machine; in it every side ran {args.repeats} times per dtype, alternating; medians.",
         "",
-        "`native` is this machine (AVX-512 VNNI/BF16 and AMX). `avx2` is an AVX2-only CPU **emulated** on it "
+        f"`native` is this machine ({native_cpu()}). `avx2` is an AVX2-only CPU **emulated** on it "
         "(a stand-in: " + ", ".join(f"`{k}={v}`" for k, v in AVX2_MACHINE.items()) + " — Preheat, PyTorch, "
         "oneDNN and MKL all run their AVX2 code; the clock and memory stay this machine's).",
         "",
