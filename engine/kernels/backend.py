@@ -92,7 +92,7 @@ class KernelBackend(Protocol):
     def prepare_linear(self, weight: torch.Tensor | QuantizedWeight | LinearWeight, bias: torch.Tensor | None,
                        dtype: torch.dtype) -> LinearWeight:  # fmt: skip
         """Once at load: weight [N, K] (a tensor or int8) in the form `apply_linear` reads;
-        `dtype` is the activations'. LinearWeight.kind: "dense" (F.linear), "bf16" / "int8"
+        `dtype` is the activations'. LinearWeight.kind: "dense" (F.linear), "bf16" / "f32" / "int8"
         (packed for the CPU kernels) or "int8-reference" (PyTorch emulation of the kernel).
         A LinearWeight (already prepared, e.g. read back by engine/model/prepared_cache.py)
         is returned as it is."""

@@ -3,10 +3,10 @@
 `prepare` turns a weight, dense or int8-quantized (engine/kernels/int8.py), into the form a
 backend reads, once at load; `apply` multiplies. Given the CPU kernels module
 (engine/kernels/cpu_ext.py; the CPU backend passes it) a bfloat16 weight is packed for
-vdpbf16ps and an int8 weight for vpdpwssd (the AVX2 build reads the same packing), and one
-kernel call does the product, the bias and the residual add. Without it (GPU, float32
-weights, a CPU without the kernels) it is
-F.linear, exactly as before: the GPU path does not change. A packed weight keeps the module
+vdpbf16ps, a float32 one for 16-wide FMAs and an int8 weight for vpdpwssd (the AVX2 build
+reads the same packings), and one kernel call does the product, the bias and the residual
+add. Without it (GPU, a CPU without the kernels) it is F.linear, exactly as before: the GPU
+path does not change. A packed weight keeps the module
 that packed it, so `apply` needs no backend.
 """
 
@@ -25,9 +25,10 @@ from preheat.engine.kernels import int8
 class LinearWeight:
     out_features: int
     in_features: int
-    kind: str  # "dense" (F.linear), "bf16" (packed), "int8" (packed), "int8-reference"
+    kind: str  # "dense" (F.linear), "bf16" / "f32" / "int8" (packed), "int8-reference"
     weight: torch.Tensor | None = None  # dense [N, K]; int8-reference: dequantized float32
-    packed: torch.Tensor | None = None  # bf16 [N/16, K/2, 16, 2] or int8 codes [N/16, K/2, 16, 2]
+    # bf16 [N/16, K/2, 16, 2], f32 [N/16, K, 16] or int8 codes [N/16, K/2, 16, 2]
+    packed: torch.Tensor | None = None
     scales: torch.Tensor | None = None  # int8: [N/16, K/32, 2, 16] float16
     bias: torch.Tensor | None = None
     kernels: ModuleType | None = None  # the module that packed it (packed kinds only)
@@ -77,7 +78,18 @@ def prepare(
         packed = rows.reshape(nb, 16, k // 2, 2).permute(0, 2, 1, 3).contiguous()
         return LinearWeight(n, k, "bf16", packed=packed, bias=bias, kernels=kernels,
                             dense_from_rows=long_rows.get("bf16"))  # fmt: skip
+    if kernels is not None and weight.device.type == "cpu" and weight.dtype == torch.float32 == dtype:
+        return LinearWeight(n, k, "f32", packed=_pack_f32(weight), bias=bias, kernels=kernels)
     return LinearWeight(n, k, "dense", weight=weight, bias=bias)
+
+
+def _pack_f32(weight: torch.Tensor) -> torch.Tensor:
+    """[N, K] float32 -> [ceil(N/16), K, 16]: one 64-byte load holds 16 output columns of
+    one input, the operand of the kernel's FMA (gemm_f32_avx512.cpp)."""
+    n, k = weight.shape
+    nb = -(-n // 16)
+    rows = F.pad(weight, (0, 0, 0, nb * 16 - n)) if nb * 16 != n else weight
+    return rows.reshape(nb, 16, k).permute(0, 2, 1).contiguous()
 
 
 def _long_prompt_rows(dtype: torch.dtype, dense_from_rows: dict[str, int] | None) -> dict[str, int]:
@@ -87,7 +99,7 @@ def _long_prompt_rows(dtype: torch.dtype, dense_from_rows: dict[str, int] | None
 
 
 # The packed kinds and the tensors each stores (`stored` / `restore`).
-PACKED_TENSORS = {"bf16": ("packed",), "int8": ("packed", "scales")}
+PACKED_TENSORS = {"bf16": ("packed",), "f32": ("packed",), "int8": ("packed", "scales")}
 
 
 def stored(w: LinearWeight) -> dict[str, torch.Tensor]:
@@ -105,6 +117,8 @@ def packed_shapes(kind: str, n: int, k: int) -> list[tuple[tuple[int, ...], torc
     nb = -(-n // 16)
     if kind == "bf16":
         return [((nb, k // 2, 16, 2), torch.bfloat16)]
+    if kind == "f32":
+        return [((nb, k, 16), torch.float32)]
     return [((nb, k // 2, 16, 2), torch.uint8), ((nb, k // 4, 32), torch.uint8),
             ((nb, k // int8.BLOCK, 2, 16), torch.float16)]
 
@@ -136,6 +150,8 @@ def apply(x: torch.Tensor, w: LinearWeight, residual: torch.Tensor | None = None
         return _dense_product(x, w, residual)
     if w.kind == "bf16":
         return w.kernels.linear_bf16(_rows(x), w.packed, w.out_features, w.bias, residual)
+    if w.kind == "f32":
+        return w.kernels.linear_f32(_rows(x), w.packed, w.out_features, w.bias, residual)
     if w.kind == "int8":
         return w.kernels.linear_int8(_rows(x), w.packed, w.scales, w.out_features, w.bias, residual)
     if w.kind == "int8-reference":

@@ -32,8 +32,8 @@ def serve(model_dir, cache, **kw):
     return llm, [r.token_ids for r in llm.generate(PROMPTS, PARAMS)]
 
 
-@pytest.mark.parametrize("kw", [dict(dtype="bfloat16"), dict(dtype="float32", quantization="int8")],
-                         ids=["bf16", "int8"])
+@pytest.mark.parametrize("kw", [dict(dtype="bfloat16"), dict(dtype="float32"), dict(dtype="float32", quantization="int8")],
+                         ids=["bf16", "f32", "int8"])
 def test_a_restart_reads_the_packed_matrices_and_serves_the_same_tokens(tiny_qwen2_dir, tmp_path, kw, caplog):
     first, tokens = serve(tiny_qwen2_dir, tmp_path, **kw)  # qwen2: q/k/v biases, a tied LM head
     (entry,) = entries(tmp_path)
@@ -56,8 +56,10 @@ def test_another_dtype_or_quantization_is_another_entry_and_off_keeps_none(tiny_
     serve(tiny_llama_dir, tmp_path, dtype="bfloat16", quantization="int8")
     serve(tiny_llama_dir, tmp_path, dtype="float32", quantization="int8")
     assert len(entries(tmp_path)) == 3
-    serve(tiny_llama_dir, tmp_path, dtype="float32")  # float32 matrices are not packed: nothing to keep
-    assert len(entries(tmp_path)) == 3
+    serve(tiny_llama_dir, tmp_path, dtype="float32")  # float32 matrices are packed for their kernel too
+    assert len(entries(tmp_path)) == 4
+    serve(tiny_llama_dir, tmp_path, dtype="float32")  # and read back: no fifth entry
+    assert len(entries(tmp_path)) == 4
     llm = LLM(model=str(tiny_llama_dir), weight_cache_dir="off", max_total_tokens=256, page_size=4)
     assert llm.engine.model.layers[0].attn.qkv.kind == "bf16"
 
@@ -134,4 +136,10 @@ def test_restore_refuses_tensors_prepare_never_makes():
     with pytest.raises(ValueError):
         linear.restore("int8", 40, 64, tensors, torch.bfloat16, kernels)  # no scales
     with pytest.raises(ValueError):
-        linear.stored(linear.prepare(w.float(), None, torch.float32, kernels))  # dense: nothing packed
+        linear.restore("f32", 40, 64, tensors, torch.float32, kernels)  # bf16 pairs are not float32 columns
+    f32 = linear.stored(linear.prepare(w.float(), None, torch.float32, kernels))
+    assert torch.equal(linear.restore("f32", 40, 64, f32, torch.float32, kernels).packed, f32["packed"])
+    with pytest.raises(ValueError):
+        linear.restore("f32", 40, 32, f32, torch.float32, kernels)  # another input count
+    with pytest.raises(ValueError):
+        linear.stored(linear.prepare(w.float(), None, torch.float32))  # dense (no kernels): nothing packed

@@ -166,13 +166,54 @@ def test_bf16_linear_matches_torch(m, n, k, bias, residual, seed, kernels):
     close(y, expected, torch.bfloat16, scale=k**0.5 / 4)
 
 
+def pack_f32(w: torch.Tensor) -> torch.Tensor:
+    prepared = PACKER.prepare_linear(w, None, torch.float32)
+    assert prepared.kind == "f32"  # a float32 model's weights go to the kernel, not F.linear
+    return prepared.packed
+
+
+@SETTINGS
+@given(
+    m=st.integers(1, 40),
+    n=st.integers(1, 200),
+    k=st.integers(1, 300),
+    bias=st.booleans(),
+    residual=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_f32_linear_matches_torch(m, n, k, bias, residual, seed, kernels):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn((m, k), generator=g)
+    w = torch.randn((n, k), generator=g)
+    b = torch.randn(n, generator=g) if bias else None
+    r = torch.randn((m, n), generator=g) if residual else None
+    expected = F.linear(x.double(), w.double(), None if b is None else b.double())
+    if r is not None:
+        expected = r.double() + expected
+    y = kernels.linear_f32(x, pack_f32(w), n, b, r)
+    assert y.shape == (m, n) and y.dtype == torch.float32
+    close(y, expected, torch.float32, scale=k**0.5)
+
+
+def test_f32_linear_reads_strided_rows_and_refuses_a_foreign_packing(kernels):
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn((5, 2 * 96), generator=g)[:, ::2]  # rows with a stride, not contiguous
+    w = torch.randn((40, 96), generator=g)
+    y = PACKER.apply_linear(x, PACKER.prepare_linear(w, None, torch.float32))
+    torch.testing.assert_close(y, F.linear(x, w), rtol=1e-5, atol=1e-4)
+    with pytest.raises(RuntimeError, match="packed float32 weight"):
+        kernels.linear_f32(x.contiguous(), pack_bf16(w.bfloat16()), 40)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("n", [32, 33])  # whole blocks of 16 rows (no padding), and not
-def test_packing_a_strided_weight_is_packing_its_contiguous_copy(n):
+def test_packing_a_strided_weight_is_packing_its_contiguous_copy(n, dtype):
     """A tensor-parallel shard is a strided view of the checkpoint's tensor: packing must read
     it as its values, with or without rows of padding."""
-    w = torch.randn((n * 2, 64), generator=torch.Generator().manual_seed(n)).bfloat16()[::2]
+    w = torch.randn((n * 2, 64), generator=torch.Generator().manual_seed(n)).to(dtype)[::2]
     assert not w.is_contiguous()
-    assert torch.equal(pack_bf16(w), pack_bf16(w.contiguous()))
+    pack = pack_bf16 if dtype == torch.bfloat16 else pack_f32
+    assert torch.equal(pack(w), pack(w.contiguous()))
 
 
 @SETTINGS

@@ -33,7 +33,7 @@ bool cpu_has_avx512_kernels() {
 
 #define PREHEAT_KERNEL_SET(ns, check)                                                                   \
   KernelSet{#ns, check, ns::decode_attention_scratch, ns::decode_attention_tasks, ns::decode_attention_combine, \
-            ns::gemm_bf16_blocks, ns::quantize_rows_int16, ns::gemm_int8_blocks, ns::rms_norm_rows,         \
+            ns::gemm_bf16_blocks, ns::gemm_f32_blocks, ns::quantize_rows_int16, ns::gemm_int8_blocks, ns::rms_norm_rows,         \
             ns::silu_mul_rows, ns::rope_kv_rows, ns::unpack_bf16_blocks, ns::dequantize_int8_blocks}
 const KernelSet AVX512 = PREHEAT_KERNEL_SET(avx512, cpu_has_avx512_kernels);
 const KernelSet AVX2 = PREHEAT_KERNEL_SET(avx2, cpu_has_avx2_kernels);
@@ -178,6 +178,24 @@ at::Tensor linear_bf16(const KernelSet& k, const at::Tensor& x, const at::Tensor
   auto y = make_output(x, N, bias, residual, a);
   if (a.M == 0) return y;
   over_column_blocks(N, [&](int64_t b, int64_t e) { k.gemm_bf16_blocks(a, b, e); });
+  return y;
+}
+
+at::Tensor linear_f32(const KernelSet& k, const at::Tensor& x, const at::Tensor& packed, int64_t N,
+                      const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& residual) {
+  check_cpu(x, "x");
+  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1 && x.scalar_type() == at::kFloat, "x must be [M, K] float32");
+  TORCH_CHECK(packed.dim() == 3 && packed.size(2) == 16 && packed.is_contiguous() &&
+                  packed.scalar_type() == at::kFloat && packed.size(0) == (N + 15) / 16 && packed.size(1) == x.size(1),
+              "packed float32 weight [ceil(N/16), K, 16] does not match x");
+  GemmArgs a{};
+  a.x = x.data_ptr();
+  a.ldx = x.stride(0);
+  a.w = packed.data_ptr();
+  a.K = x.size(1);
+  auto y = make_output(x, N, bias, residual, a);
+  if (a.M == 0) return y;
+  over_column_blocks(N, [&](int64_t b, int64_t e) { k.gemm_f32_blocks(a, b, e); });
   return y;
 }
 
@@ -340,6 +358,11 @@ void bind_set(pybind11::module_& m, const KernelSet& k) {
       "linear_bf16",
       [set](const at::Tensor& x, const at::Tensor& packed, int64_t n, const c10::optional<at::Tensor>& bias,
             const c10::optional<at::Tensor>& residual) { return linear_bf16(*set, x, packed, n, bias, residual); },
+      nogil, arg("x"), arg("packed"), arg("n"), arg("bias") = py::none(), arg("residual") = py::none());
+  m.def(
+      "linear_f32",
+      [set](const at::Tensor& x, const at::Tensor& packed, int64_t n, const c10::optional<at::Tensor>& bias,
+            const c10::optional<at::Tensor>& residual) { return linear_f32(*set, x, packed, n, bias, residual); },
       nogil, arg("x"), arg("packed"), arg("n"), arg("bias") = py::none(), arg("residual") = py::none());
   m.def(
       "linear_int8",

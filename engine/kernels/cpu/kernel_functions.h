@@ -15,6 +15,9 @@ void decode_attention_combine(const DecodeAttnArgs& a, const int64_t* first_task
 
 // bf16 GEMM: column blocks [nb_begin, nb_end) of 16, all rows.
 void gemm_bf16_blocks(const GemmArgs& a, int64_t nb_begin, int64_t nb_end);
+// float32 GEMM (weights [ceil(N/16), K, 16] float32, activations and output float32):
+// column blocks [nb_begin, nb_end) of 16, all rows.
+void gemm_f32_blocks(const GemmArgs& a, int64_t nb_begin, int64_t nb_end);
 
 // int8-weight GEMM (see GemmArgs): activations to int16 codes per block of 32, then the
 // column blocks [nb_begin, nb_end) of 16, all rows.

@@ -45,6 +45,8 @@ struct DecodeAttnArgs {
 // bf16: weights packed by linear.py (a permute): [ceil(N/16), K/2, 16, 2] bf16, K even, so
 // one 64-byte load holds 16 output columns x 2 inputs, the operand vdpbf16ps takes (the
 // AVX2 build splits the pairs into two float32 vectors instead).
+// float32: [ceil(N/16), K, 16] float32 (packed by linear.py), 16 columns of one input per
+// 64-byte load.
 // y[m, n] = x[m, :] . W[n, :] (+ bias[n]) (+ residual[m, n], added after rounding the
 // product to the output type, as `residual + F.linear(...)` does).
 //
@@ -56,7 +58,7 @@ struct DecodeAttnArgs {
 // nibbles); dm [ceil(N/16), K/32, 2, 16].
 // Activations are quantized per row and block of 32 to int16 (scale = absmax / 32767).
 struct GemmArgs {
-  const void* x;          // [M, K] activations (bf16 for the bf16 GEMM, int16 codes for int8)
+  const void* x;          // [M, K] activations (bf16 / float32 for those GEMMs, int16 codes for int8)
   int64_t ldx;
   const void* w;          // packed weights
   const uint16_t* dm;     // int8 only: per (n block, k block) 16 scales then 16 offsets, fp16
@@ -106,6 +108,7 @@ struct KernelSet {
                                  int64_t, int64_t);
   void (*decode_attention_combine)(const DecodeAttnArgs&, const int64_t*, const int32_t*, int64_t, int64_t);
   void (*gemm_bf16_blocks)(const GemmArgs&, int64_t, int64_t);
+  void (*gemm_f32_blocks)(const GemmArgs&, int64_t, int64_t);
   void (*quantize_rows_int16)(const void*, int64_t, int, int64_t, int16_t*, float*, float*, int64_t, int64_t);
   void (*gemm_int8_blocks)(const GemmArgs&, int64_t, int64_t);
   void (*rms_norm_rows)(const void*, int64_t, const void*, void*, int64_t, int64_t, float, int, int64_t, int64_t);
