@@ -126,8 +126,12 @@ async def test_a_pod_created_while_the_housekeeping_list_is_in_flight_still_runs
             kubelet._client.event_hooks["response"].append(create_meanwhile)
             try:
                 async def started():
-                    pod = (await user.get(f"{pods_path}/late")).json()
+                    response = await user.get(f"{pods_path}/late")
                     assert created.is_set(), "no housekeeping round yet"
+                    # The hook sets `created` before its POST has been answered: until then the
+                    # pod is 404, a Status object, not yet a pod.
+                    assert response.status_code == 200, f"not created yet: {response.status_code}"
+                    pod = response.json()
                     assert conditions(pod).get("ContainersReady") == "True", conditions(pod)
                     return True
                 await eventually(started, 30, interval=0.05)
