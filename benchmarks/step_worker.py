@@ -81,7 +81,15 @@ def main() -> None:
     torch.set_num_threads(settings.get("threads", 2))
     from preheat.engine import LLM, SamplingParams
 
-    llm = LLM(**settings.get("llm", {}))
+    kwargs = settings.get("llm", {})
+    try:
+        llm = LLM(**kwargs)
+    except ValueError as e:
+        # Builds before `--quantization auto` (a GGUF served in its own blocks by default)
+        # refuse "none"; there the unset default is what "none" asks for: --dtype.
+        if kwargs.get("quantization") != "none" or "'none'" not in str(e):
+            raise
+        llm = LLM(**{k: v for k, v in kwargs.items() if k != "quantization"})
     print(json.dumps({"ready": True}), flush=True)
     ops = {"decode": decode, "chat": chat}
     for line in sys.stdin:
