@@ -72,24 +72,22 @@ def prepare(
         return LinearWeight(n, k, "int8-reference", weight=int8.dequantize(weight), bias=bias)
     n, k = weight.shape
     if kernels is not None and weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and k % 2 == 0:
-        nb = -(-n // 16)
-        # F.pad copies even when it pads nothing: half of packing a model's weights at load.
-        rows = F.pad(weight, (0, 0, 0, nb * 16 - n)) if nb * 16 != n else weight
-        packed = rows.reshape(nb, 16, k // 2, 2).permute(0, 2, 1, 3).contiguous()
-        return LinearWeight(n, k, "bf16", packed=packed, bias=bias, kernels=kernels,
+        return LinearWeight(n, k, "bf16", packed=_pack(weight, 2), bias=bias, kernels=kernels,
                             dense_from_rows=long_rows.get("bf16"))  # fmt: skip
     if kernels is not None and weight.device.type == "cpu" and weight.dtype == torch.float32 == dtype:
-        return LinearWeight(n, k, "f32", packed=_pack_f32(weight), bias=bias, kernels=kernels)
+        return LinearWeight(n, k, "f32", packed=_pack(weight, 1).squeeze(-1), bias=bias, kernels=kernels)
     return LinearWeight(n, k, "dense", weight=weight, bias=bias)
 
 
-def _pack_f32(weight: torch.Tensor) -> torch.Tensor:
-    """[N, K] float32 -> [ceil(N/16), K, 16]: one 64-byte load holds 16 output columns of
-    one input, the operand of the kernel's FMA (gemm_f32_avx512.cpp)."""
+def _pack(weight: torch.Tensor, group: int) -> torch.Tensor:
+    """[N, K] -> [ceil(N/16), K/group, 16, group] (rows padded to whole blocks of 16): one
+    64-byte load holds 16 output columns x `group` inputs, the operand of the kernel's
+    product — bf16 pairs for vdpbf16ps (group 2), float32 columns for an FMA (group 1)."""
     n, k = weight.shape
     nb = -(-n // 16)
+    # F.pad copies even when it pads nothing: half of packing a model's weights at load.
     rows = F.pad(weight, (0, 0, 0, nb * 16 - n)) if nb * 16 != n else weight
-    return rows.reshape(nb, 16, k).permute(0, 2, 1).contiguous()
+    return rows.reshape(nb, 16, k // group, group).permute(0, 2, 1, 3).contiguous()
 
 
 def _long_prompt_rows(dtype: torch.dtype, dense_from_rows: dict[str, int] | None) -> dict[str, int]:

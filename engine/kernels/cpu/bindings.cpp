@@ -163,13 +163,11 @@ void over_column_blocks(int64_t N, F&& f) {
   at::parallel_for(0, blocks, 4, [&](int64_t begin, int64_t end) { f(begin, end); });
 }
 
-at::Tensor linear_bf16(const KernelSet& k, const at::Tensor& x, const at::Tensor& packed, int64_t N, const c10::optional<at::Tensor>& bias,
-                       const c10::optional<at::Tensor>& residual) {
-  check_cpu(x, "x");
-  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1 && x.scalar_type() == at::kBFloat16, "x must be [M, K] bfloat16");
-  TORCH_CHECK(packed.dim() == 4 && packed.size(2) == 16 && packed.size(3) == 2 && packed.is_contiguous() &&
-                  packed.size(0) == (N + 15) / 16 && packed.size(1) * 2 == x.size(1),
-              "packed weight does not match x");
+// x [M, K] times a packed float weight (bf16 pairs or float32 columns; the caller checked
+// the layout against x), one kernel call per thread's range of column blocks.
+at::Tensor packed_product(void (*blocks)(const GemmArgs&, int64_t, int64_t), const at::Tensor& x,
+                          const at::Tensor& packed, int64_t N, const c10::optional<at::Tensor>& bias,
+                          const c10::optional<at::Tensor>& residual) {
   GemmArgs a{};
   a.x = x.data_ptr();
   a.ldx = x.stride(0);
@@ -177,8 +175,18 @@ at::Tensor linear_bf16(const KernelSet& k, const at::Tensor& x, const at::Tensor
   a.K = x.size(1);
   auto y = make_output(x, N, bias, residual, a);
   if (a.M == 0) return y;
-  over_column_blocks(N, [&](int64_t b, int64_t e) { k.gemm_bf16_blocks(a, b, e); });
+  over_column_blocks(N, [&](int64_t b, int64_t e) { blocks(a, b, e); });
   return y;
+}
+
+at::Tensor linear_bf16(const KernelSet& k, const at::Tensor& x, const at::Tensor& packed, int64_t N, const c10::optional<at::Tensor>& bias,
+                       const c10::optional<at::Tensor>& residual) {
+  check_cpu(x, "x");
+  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1 && x.scalar_type() == at::kBFloat16, "x must be [M, K] bfloat16");
+  TORCH_CHECK(packed.dim() == 4 && packed.size(2) == 16 && packed.size(3) == 2 && packed.is_contiguous() &&
+                  packed.size(0) == (N + 15) / 16 && packed.size(1) * 2 == x.size(1),
+              "packed weight does not match x");
+  return packed_product(k.gemm_bf16_blocks, x, packed, N, bias, residual);
 }
 
 at::Tensor linear_f32(const KernelSet& k, const at::Tensor& x, const at::Tensor& packed, int64_t N,
@@ -188,15 +196,7 @@ at::Tensor linear_f32(const KernelSet& k, const at::Tensor& x, const at::Tensor&
   TORCH_CHECK(packed.dim() == 3 && packed.size(2) == 16 && packed.is_contiguous() &&
                   packed.scalar_type() == at::kFloat && packed.size(0) == (N + 15) / 16 && packed.size(1) == x.size(1),
               "packed float32 weight [ceil(N/16), K, 16] does not match x");
-  GemmArgs a{};
-  a.x = x.data_ptr();
-  a.ldx = x.stride(0);
-  a.w = packed.data_ptr();
-  a.K = x.size(1);
-  auto y = make_output(x, N, bias, residual, a);
-  if (a.M == 0) return y;
-  over_column_blocks(N, [&](int64_t b, int64_t e) { k.gemm_f32_blocks(a, b, e); });
-  return y;
+  return packed_product(k.gemm_f32_blocks, x, packed, N, bias, residual);
 }
 
 // (code width, inputs K) of packed int8 codes for N outputs: [ceil(N/16), K/2, 16, 2] at 8
