@@ -127,7 +127,7 @@ def assemble(config: EngineConfig) -> EngineParts:
     dtype = resolve_dtype(config.dtype, device)
     # The kernel backend first: it decides the weights' form (packed for the CPU kernels,
     # plain tensors elsewhere) and whether a GGUF is served in its own blocks (auto).
-    kernels = select_backend(device)
+    kernels = select_backend(device, config.int8_activation_bits)
     config = dataclasses.replace(config, quantization=effective_quantization(
         config.quantization, config.model or default_model_path(),
         kernels_read_blocks=kernels.name == "cpu" and dtype in (torch.bfloat16, torch.float32),
@@ -261,7 +261,8 @@ def load(config: EngineConfig, device: torch.device, dtype: torch.dtype, tp: Ten
     entry = None
     if cache_root is not None and isinstance(kernels, CpuKernelBackend) and tp is None and spec.moe is None:
         entry = prepared_cache.entry_path(cache_root, loaded.weights_id, dtype, config.quantization)
-    prepared = prepared_cache.read(entry, spec, dtype, kernels.kernels, kernels.dense_from_rows) if entry else None
+    prepared = (prepared_cache.read(entry, spec, dtype, kernels.kernels, kernels.dense_from_rows,
+                                    kernels.int8_activation_bits) if entry else None)  # fmt: skip
     weights = loaded.weights
     if config.quantization and prepared is None:
         weights = quantize_weights(weights, spec, loaded.source, config.quantization)
@@ -326,6 +327,9 @@ def fingerprint_of(loaded: LoadedModel, pool: KVPool, kv_dtype: torch.dtype, qua
         # Quantized weights give other KV; the field is absent otherwise, so snapshots
         # of unquantized engines keep their fingerprint.
         **({"quantization": quantization} if quantization else {}),
+        # int8 activation codes change the KV as well (--int8-activation-bits 8); absent at 16.
+        **({"int8_activation_bits": 8} if quantization and getattr(loaded.kernels, "int8_activation_bits", 16) == 8
+           else {}),
         # fp8 KV: values were divided by these scales; other scales read them wrong.
         **({"kv_scales": pool.scales.flatten().tolist()} if pool.scales is not None else {}),
     )

@@ -24,6 +24,7 @@ SPECULATIVE_GATES = ("auto", "always")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 TOOL_CALL_PARSERS = ("auto", *FORMATS)
 QUANTIZATIONS = ("auto", "none", "int8")  # auto (= unset): a GGUF in its own blocks where the kernels read them
+INT8_ACTIVATION_BITS = (16, 8)
 
 
 def _opt(help: str, default: Any = None, **extra: Any) -> Any:
@@ -93,6 +94,16 @@ class ModelSettings:
         "and the KV cache keep --dtype.",
         None,
         choices=QUANTIZATIONS,
+    )
+    int8_activation_bits: int = _opt(
+        "Width of the activation codes inside an int8 / 4-bit matrix multiply on the CPU "
+        "kernels. 16 (the default): int16 per block of 32, far below bfloat16's own rounding. "
+        "8: int8 per block of 32, as llama.cpp quantizes activations against its 4-bit blocks; "
+        "its matrix multiplies take ~0.75-0.85x the time at 8+ rows (prompts, batches) and it "
+        "costs accuracy (benchmarks/results/int8_accuracy.md). Needs the AVX-512 VNNI build; "
+        "the AVX2 build runs 16.",
+        16,
+        choices=INT8_ACTIVATION_BITS,
     )
 
 
@@ -391,7 +402,7 @@ def validate(cfg: EngineConfig) -> None:
         meta = f.metadata
         flag = "--" + f.name.replace("_", "-")
         if "choices" in meta and value not in meta["choices"]:
-            raise ConfigError(f"{flag}: {value!r} is not one of {', '.join(meta['choices'])}")
+            raise ConfigError(f"{flag}: {value!r} is not one of {', '.join(map(str, meta['choices']))}")
         if "min" in meta and value < meta["min"]:
             raise ConfigError(f"{flag}: {value} is below the minimum {meta['min']}")
         if "min_excl" in meta and value <= meta["min_excl"]:

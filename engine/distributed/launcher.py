@@ -114,6 +114,7 @@ class TensorParallel:
             "weight_cache_dir": config.weight_cache_dir,
             "dtype": dtype_name(dtype),
             "quantization": config.quantization,  # each rank quantizes whole matrices, then cuts
+            "int8_activation_bits": config.int8_activation_bits,
         }
         try:
             for rank in range(1, self.size):

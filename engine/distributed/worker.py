@@ -93,7 +93,8 @@ def run(args: dict[str, Any]) -> None:
     # The kernel backend, chosen as rank 0 chooses it: it decides the weights' form (packed for
     # the CPU kernels) and whether rows are padded, which every rank's all-reduces must agree on.
     model = build_model(spec, hf_config, tensors, device, dtype, moe_backend, sharder=Sharder(spec, size, rank),
-                        reduce=all_reduce, backend=select_backend(device))  # fmt: skip
+                        reduce=all_reduce,
+                        backend=select_backend(device, model_args.get("int8_activation_bits", 16)))  # fmt: skip
     del tensors
     store.set(f"{STORE_PREFIX}loaded/{rank}", "1")
     comm = Comm.init(store, rank, size, device, float(args["timeout_s"]))

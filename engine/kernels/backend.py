@@ -164,13 +164,14 @@ def _cpu_kernels_unavailable() -> str | None:
     return None if cpu_ext.load() is not None else cpu_ext.unavailable_reason
 
 
-def select_backend(device: torch.device | str) -> KernelBackend:
+def select_backend(device: torch.device | str, int8_activation_bits: int = 16) -> KernelBackend:
     """The backend object for a process on `device`: decided once (select_attention_backend,
-    logged), then handed to whatever builds a model."""
-    return make_backend(select_attention_backend(device))
+    logged), then handed to whatever builds a model. `int8_activation_bits`: the CPU
+    kernels' int8 activation width (--int8-activation-bits)."""
+    return make_backend(select_attention_backend(device), int8_activation_bits)
 
 
-def make_backend(name: str) -> KernelBackend:
+def make_backend(name: str, int8_activation_bits: int = 16) -> KernelBackend:
     """The object of a chosen backend name. A Triton or CPU build that turns out unusable
     after all falls back to the PyTorch backend with a log line: it must not stop serving."""
     if name == "cpu":
@@ -178,7 +179,7 @@ def make_backend(name: str) -> KernelBackend:
 
         module = cpu_ext.load()
         if module is not None:
-            return CpuKernelBackend(module)
+            return CpuKernelBackend(module, int8_activation_bits=int8_activation_bits)
         log.warning("CPU kernels unavailable (%s); using PyTorch kernels", cpu_ext.unavailable_reason)
     if name == "triton":
         try:

@@ -7,6 +7,7 @@ head size, a layout) runs as the PyTorch backend it extends runs it.
 
 from __future__ import annotations
 
+import logging
 from types import ModuleType
 
 import torch
@@ -16,19 +17,35 @@ from preheat.engine.kernels.fused import RopeInputs
 from preheat.engine.kernels.linear import LinearWeight
 from preheat.engine.kernels.torch_backend import TorchBackend
 
+log = logging.getLogger(__name__)
+
+
+def int8_activation_bits_for(kernels: ModuleType, wanted: int) -> int:
+    """The activation width an int8 multiply runs at on this build: `wanted`, or 16 where the
+    build does not run `wanted` (its `int8_activation_bits_choices`)."""
+    if wanted not in getattr(kernels, "int8_activation_bits_choices", (16,)):
+        log.warning("--int8-activation-bits %d needs the avx512 kernels (this is the %s build); using 16",
+                    wanted, getattr(kernels, "isa", "?"))
+        return 16
+    return wanted
+
 
 class CpuKernelBackend(TorchBackend):
     name = "cpu"
     pad_cpu_rows = False  # the kernels need no kernel per shape (oneDNN does)
 
-    def __init__(self, kernels: ModuleType, dense_from_rows: dict[str, int] | None = None) -> None:
+    def __init__(self, kernels: ModuleType, dense_from_rows: dict[str, int] | None = None,
+                 int8_activation_bits: int = 16) -> None:  # fmt: skip
         """`kernels`: one build of the extension (cpu_ext.load(), or a submodule of build()).
         `dense_from_rows`: where long prompts multiply through dense rows
-        (cpu_ext.dense_prefill_rows; default: decided from this CPU's flags)."""
+        (cpu_ext.dense_prefill_rows; default: decided from this CPU's flags).
+        `int8_activation_bits`: --int8-activation-bits; 8 on a build without it (AVX2) runs
+        16, said once in the log."""
         self.kernels = kernels
         if dense_from_rows is None:
             dense_from_rows = cpu_ext.dense_prefill_rows(cpu_ext.read_cpu_flags(), getattr(kernels, "isa", ""))
         self.dense_from_rows = dense_from_rows
+        self.int8_activation_bits = int8_activation_bits_for(kernels, int8_activation_bits)
 
     def _takes(self, t: torch.Tensor) -> bool:
         return t.device.type == "cpu" and t.dtype in (torch.float32, torch.bfloat16)
@@ -61,7 +78,7 @@ class CpuKernelBackend(TorchBackend):
     # ---------------------------------------------------------------- linear layers
     def prepare_linear(self, weight: torch.Tensor | int8.QuantizedWeight | LinearWeight, bias: torch.Tensor | None,
                        dtype: torch.dtype) -> LinearWeight:  # fmt: skip
-        return linear.prepare(weight, bias, dtype, self.kernels, self.dense_from_rows)
+        return linear.prepare(weight, bias, dtype, self.kernels, self.dense_from_rows, self.int8_activation_bits)
 
     # ---------------------------------------------------------------- element-wise
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

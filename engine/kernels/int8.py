@@ -11,11 +11,13 @@ Only the weights are quantized; the KV cache and every activation between the ma
 multiplies stay in the model's dtype. Inside a multiply the CPU kernel quantizes the input
 rows to int16 per block of 32 (scale = absmax / 32767, a relative error near 1e-5, well
 below bfloat16's own rounding) so that the products run as integer dot products (vpdpwssd)
-and the weights' bytes are read once, at one byte per weight. (llama.cpp quantizes
-activations to 8 bits instead; measured here, that moved greedy output far more than the
-weights did: benchmarks/results/int8_accuracy.md.) `reference_linear` computes the same thing
-with PyTorch ops: the ground truth the kernel is tested against and the path used where the
-kernel is not available.
+and the weights' bytes are read once, at one byte per weight. `--int8-activation-bits 8`
+quantizes them to int8 instead (absmax / 127, vpdpbusd: 64 products an instruction where
+vpdpwssd does 32), as llama.cpp does against its 4-bit blocks: its multiplies at 8+ rows take
+~0.75-0.85x the time, and it moves the model's output more than the weights do
+(benchmarks/results/int8_accuracy.md), hence not the default. `reference_linear` computes the
+same thing with PyTorch ops: the ground truth the kernel is tested against and the path used
+where the kernel is not available (there at 16 bits).
 """
 
 from __future__ import annotations
@@ -90,24 +92,27 @@ def cat_rows(parts: list[QuantizedWeight]) -> QuantizedWeight:
     )
 
 
-ACTIVATION_LEVELS = 32767.0  # int16 codes
+ACTIVATION_LEVELS = {16: 32767.0, 8: 127.0}  # activation code width -> largest code
 
 
-def quantize_activations(x: torch.Tensor) -> torch.Tensor:
-    """x [M, K] rounded the way the kernel quantizes its input (per row and block of 32,
-    scale absmax / 32767, round half to even), returned dequantized in float32."""
+def quantize_activations(x: torch.Tensor, bits: int = 16) -> torch.Tensor:
+    """x [M, K] rounded the way the kernel quantizes its input to `bits`-bit codes (per row
+    and block of 32, scale absmax / 32767 or / 127, round half to even), returned
+    dequantized in float32."""
+    levels = ACTIVATION_LEVELS[bits]
     m, k = x.shape
     blocks = x.to(torch.float32).reshape(m, k // BLOCK, BLOCK)
-    d = blocks.abs().amax(dim=-1, keepdim=True) / ACTIVATION_LEVELS
+    d = blocks.abs().amax(dim=-1, keepdim=True) / levels
     inv = torch.where(d > 0, 1.0 / d, torch.zeros((), dtype=torch.float32))
-    return (torch.round(blocks * inv).clamp_(-ACTIVATION_LEVELS, ACTIVATION_LEVELS) * d).reshape(m, k)
+    return (torch.round(blocks * inv).clamp_(-levels, levels) * d).reshape(m, k)
 
 
 def reference_linear(
-    x: torch.Tensor, weight_f32: torch.Tensor, bias: torch.Tensor | None = None, residual: torch.Tensor | None = None
+    x: torch.Tensor, weight_f32: torch.Tensor, bias: torch.Tensor | None = None, residual: torch.Tensor | None = None,
+    activation_bits: int = 16,
 ) -> torch.Tensor:
     """What the int8 kernel computes, with PyTorch ops: `weight_f32` is dequantize(qw)."""
-    y = torch.nn.functional.linear(quantize_activations(x), weight_f32)
+    y = torch.nn.functional.linear(quantize_activations(x, activation_bits), weight_f32)
     if bias is not None:
         y = y + bias.to(torch.float32)
     y = y.to(x.dtype)

@@ -3,7 +3,7 @@
 `prepare` turns a weight, dense or int8-quantized (engine/kernels/int8.py), into the form a
 backend reads, once at load; `apply` multiplies. Given the CPU kernels module
 (engine/kernels/cpu_ext.py; the CPU backend passes it) a bfloat16 weight is packed for
-vdpbf16ps, a float32 one for 16-wide FMAs and an int8 weight for vpdpwssd (the AVX2 build
+vdpbf16ps, a float32 one for 16-wide FMAs and an int8 weight for vpdpwssd / vpdpbusd (the AVX2 build
 reads the same packings), and one kernel call does the product, the bias and the residual
 add. Without it (GPU, a CPU without the kernels) it is F.linear, exactly as before: the GPU
 path does not change. A packed weight keeps the module
@@ -35,6 +35,8 @@ class LinearWeight:
     # Packed kinds: from this many rows (a long prompt) the product goes through dense rows
     # unpacked for the call and F.linear (oneDNN on AMX); None: always the kernel.
     dense_from_rows: int | None = None
+    # int8: the width of the activation codes the kernel multiplies by (16 or 8; --int8-activation-bits)
+    activation_bits: int = 16
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -51,12 +53,13 @@ class LinearWeight:
 
 def prepare(
     weight: torch.Tensor | int8.QuantizedWeight | LinearWeight, bias: torch.Tensor | None, dtype: torch.dtype,
-    kernels: ModuleType | None = None, dense_from_rows: dict[str, int] | None = None,
+    kernels: ModuleType | None = None, dense_from_rows: dict[str, int] | None = None, activation_bits: int = 16,
 ) -> LinearWeight:
     """The form of one weight that `apply` multiplies by: packed for `kernels` (the CPU
     kernels module) where they take it, else plain. `dtype` is the activations' (the model's).
     `dense_from_rows` (per packed kind, cpu_ext.dense_prefill_rows) sends long prompts in
     bfloat16 through dense rows instead of the kernel; the weight is still stored once, packed.
+    `activation_bits`: an int8 weight's activation codes (16, or 8 where `kernels` run it).
     A weight already prepared (`restore`, its bias inside) comes back as it is."""
     if isinstance(weight, LinearWeight):
         if bias is not None:
@@ -68,7 +71,7 @@ def prepare(
         if kernels is not None and weight.codes.device.type == "cpu" and dtype in (torch.float32, torch.bfloat16):
             codes, scales = int8.pack(weight)
             return LinearWeight(n, k, "int8", packed=codes, scales=scales, bias=bias, kernels=kernels,
-                                dense_from_rows=long_rows.get("int8"))  # fmt: skip
+                                dense_from_rows=long_rows.get("int8"), activation_bits=activation_bits)  # fmt: skip
         return LinearWeight(n, k, "int8-reference", weight=int8.dequantize(weight), bias=bias)
     n, k = weight.shape
     if kernels is not None and weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and k % 2 == 0:
@@ -122,7 +125,8 @@ def packed_shapes(kind: str, n: int, k: int) -> list[tuple[tuple[int, ...], torc
 
 
 def restore(kind: str, n: int, k: int, tensors: dict[str, torch.Tensor], dtype: torch.dtype,
-            kernels: ModuleType, dense_from_rows: dict[str, int] | None = None) -> LinearWeight:
+            kernels: ModuleType, dense_from_rows: dict[str, int] | None = None,
+            activation_bits: int = 16) -> LinearWeight:  # fmt: skip
     """The LinearWeight `prepare` made for these `stored` tensors, multiplied by `kernels`
     (the same rules for long prompts). Raises ValueError when a tensor is not what `prepare`
     packs for a [n, k] weight of that kind (a damaged or foreign cache entry)."""
@@ -138,7 +142,8 @@ def restore(kind: str, n: int, k: int, tensors: dict[str, torch.Tensor], dtype: 
     if bias is not None and tuple(bias.shape) != (n,):
         raise ValueError(f"{kind!r} [{n}, {k}] weight: bias {tuple(bias.shape)}")
     return LinearWeight(n, k, kind, packed=packed, scales=scales, bias=bias, kernels=kernels,
-                        dense_from_rows=_long_prompt_rows(dtype, dense_from_rows).get(kind))
+                        dense_from_rows=_long_prompt_rows(dtype, dense_from_rows).get(kind),
+                        activation_bits=activation_bits if kind == "int8" else 16)
 
 
 def apply(x: torch.Tensor, w: LinearWeight, residual: torch.Tensor | None = None) -> torch.Tensor:
@@ -151,7 +156,8 @@ def apply(x: torch.Tensor, w: LinearWeight, residual: torch.Tensor | None = None
     if w.kind == "f32":
         return w.kernels.linear_f32(_rows(x), w.packed, w.out_features, w.bias, residual)
     if w.kind == "int8":
-        return w.kernels.linear_int8(_rows(x), w.packed, w.scales, w.out_features, w.bias, residual)
+        return w.kernels.linear_int8(_rows(x), w.packed, w.scales, w.out_features, w.bias, residual,
+                                     w.activation_bits)
     if w.kind == "int8-reference":
         return int8.reference_linear(x, w.weight, w.bias, residual)
     y = F.linear(x, w.weight, w.bias)

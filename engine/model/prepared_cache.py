@@ -96,7 +96,7 @@ def model_linears(model: Any) -> dict[str, LinearWeight]:
 
 
 def read(entry: Path, spec: ModelSpec, dtype: torch.dtype, kernels: Any,
-         dense_from_rows: dict[str, int] | None) -> dict[str, LinearWeight] | None:  # fmt: skip
+         dense_from_rows: dict[str, int] | None, activation_bits: int = 16) -> dict[str, LinearWeight] | None:  # fmt: skip
     """The prepared matrices of a complete entry, or None (no entry, or one that does not
     fit: logged, and the caller prepares them again)."""
     if not (entry / DONE).is_file():
@@ -116,7 +116,8 @@ def read(entry: Path, spec: ModelSpec, dtype: torch.dtype, kernels: Any,
                 if name not in tensors:
                     raise ValueError(f"unexpected tensor {key}")
                 tensors[name][part] = f.get_tensor(key)
-        out = {name: linear.restore(kinds[name], *shapes[name], tensors[name], dtype, kernels, dense_from_rows)
+        out = {name: linear.restore(kinds[name], *shapes[name], tensors[name], dtype, kernels, dense_from_rows,
+                                    activation_bits)
                for name in linear_names(spec)}  # fmt: skip
     except Exception as exc:  # a damaged or foreign entry is rebuilt, never fatal
         log.warning("prepared weights: entry %s unusable (%s: %s); preparing them again", entry,

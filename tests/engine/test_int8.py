@@ -10,7 +10,7 @@ import torch
 from preheat.engine import LLM, SamplingParams
 from preheat.engine.config import ConfigError, parse_args
 from preheat.engine.kernels import cpu_ext, int8
-from preheat.engine.model import gguf_weights
+from preheat.engine.model import gguf_weights, prepared_cache
 
 
 def test_symmetric_quantization_is_within_half_a_step_per_weight():
@@ -148,6 +148,40 @@ def test_int8_serving_matches_its_reference_and_changes_the_snapshot_fingerprint
     assert [r.token_ids for r in reference.generate(prompts, params)] == ours
     plain = LLM(**kw)
     assert fingerprint["quantization"] == "int8" and "quantization" not in plain.engine.fingerprint
+
+
+def test_the_activation_width_flag_is_parsed_and_checked():
+    assert parse_args([]).int8_activation_bits == 16
+    assert parse_args(["--int8-activation-bits", "8"]).int8_activation_bits == 8
+    with pytest.raises(ConfigError, match="--int8-activation-bits: 4 is not one of 16, 8"):
+        parse_args(["--int8-activation-bits", "4"])
+
+
+@pytest.mark.skipif(cpu_ext.load() is None or 8 not in cpu_ext.load().int8_activation_bits_choices,
+                    reason="8-bit activation codes are the AVX-512 VNNI build's")
+def test_8_bit_activations_reach_every_int8_matrix_and_the_snapshot_fingerprint(tiny_llama_dir, monkeypatch):
+    """--int8-activation-bits 8 multiplies by int8 activation codes (vpdpbusd): every int8
+    matrix is told, the greedy tokens are those of the same arithmetic in PyTorch, and the
+    snapshot fingerprint says so (its KV is not the 16-bit path's)."""
+    prompts = [[5, 17, 300, 42, 9, 1000, 77], list(range(100, 160))]
+    params = SamplingParams(max_tokens=12, temperature=0)
+    kw = dict(model=str(tiny_llama_dir), dtype="float32", max_total_tokens=2048, page_size=4, quantization="int8")
+    eight = LLM(int8_activation_bits=8, **kw)
+    weights = prepared_cache.model_linears(eight.engine.model).values()
+    assert {w.activation_bits for w in weights if w.kind == "int8"} == {8}
+    assert eight.engine.fingerprint["int8_activation_bits"] == 8
+    ours = [r.token_ids for r in eight.generate(prompts, params)]
+    sixteen = LLM(**kw)
+    assert {w.activation_bits for w in prepared_cache.model_linears(sixteen.engine.model).values()} == {16}
+    assert "int8_activation_bits" not in sixteen.engine.fingerprint
+    # The same model with every int8 matrix on reference_linear at 8 bits.
+    for w in weights:
+        if w.kind == "int8":
+            w.weight = w.kernels.dense_int8(w.packed, w.scales, w.out_features, torch.float32)
+            w.kind = "int8-reference"
+    original = int8.reference_linear
+    monkeypatch.setattr(int8, "reference_linear", lambda x, w, b=None, r=None: original(x, w, b, r, activation_bits=8))
+    assert [r.token_ids for r in eight.generate(prompts, params)] == ours
 
 
 @pytest.mark.slow

@@ -32,8 +32,9 @@ def serve(model_dir, cache, **kw):
     return llm, [r.token_ids for r in llm.generate(PROMPTS, PARAMS)]
 
 
-@pytest.mark.parametrize("kw", [dict(dtype="bfloat16"), dict(dtype="float32"), dict(dtype="float32", quantization="int8")],
-                         ids=["bf16", "f32", "int8"])
+@pytest.mark.parametrize("kw", [dict(dtype="bfloat16"), dict(dtype="float32"), dict(dtype="float32", quantization="int8"),
+                                dict(dtype="float32", quantization="int8", int8_activation_bits=8)],
+                         ids=["bf16", "f32", "int8", "int8-a8"])
 def test_a_restart_reads_the_packed_matrices_and_serves_the_same_tokens(tiny_qwen2_dir, tmp_path, kw, caplog):
     first, tokens = serve(tiny_qwen2_dir, tmp_path, **kw)  # qwen2: q/k/v biases, a tied LM head
     (entry,) = entries(tmp_path)
@@ -45,7 +46,10 @@ def test_a_restart_reads_the_packed_matrices_and_serves_the_same_tokens(tiny_qwe
     assert again == tokens
     for name, w in prepared_cache.model_linears(second.engine.model).items():
         before = prepared_cache.model_linears(kept)[name]
-        assert (w.kind, w.shape, w.dense_from_rows) == (before.kind, before.shape, before.dense_from_rows)
+        assert (w.kind, w.shape, w.dense_from_rows, w.activation_bits) == (
+            before.kind, before.shape, before.dense_from_rows, before.activation_bits)
+        if w.kind == "int8" and 8 in w.kernels.int8_activation_bits_choices:
+            assert w.activation_bits == kw.get("int8_activation_bits", 16)
         for part, t in linear.stored(w).items():
             assert torch.equal(t, linear.stored(before)[part]), (name, part)
     assert second.engine.model.step_weight_bytes == kept.step_weight_bytes

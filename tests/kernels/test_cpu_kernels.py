@@ -225,9 +225,10 @@ def test_packing_a_strided_weight_is_packing_its_contiguous_copy(n, dtype):
     bias=st.booleans(),
     residual=st.booleans(),
     four_bit=st.booleans(),
+    bits=st.sampled_from([16, 8]),
     seed=st.integers(0, 2**16),
 )
-def test_int8_linear_matches_its_reference(m, n, k, dtype, bias, residual, four_bit, seed, kernels):
+def test_int8_linear_matches_its_reference(m, n, k, dtype, bias, residual, four_bit, bits, seed, kernels):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn((m, k), generator=g).to(dtype)
     qw = int8.quantize(torch.randn((n, k), generator=g))
@@ -236,8 +237,12 @@ def test_int8_linear_matches_its_reference(m, n, k, dtype, bias, residual, four_
     b = torch.randn(n, generator=g).to(dtype) if bias else None
     r = torch.randn((m, n), generator=g).to(dtype) if residual else None
     codes, scales = int8.pack(qw)
-    y = kernels.linear_int8(x, codes, scales, n, b, r)
-    expected = int8.reference_linear(x, int8.dequantize(qw), b, r)
+    if bits not in kernels.int8_activation_bits_choices:  # int8 codes: the AVX-512 VNNI build's
+        with pytest.raises(RuntimeError, match=f"the {kernels.isa} build takes activation_bits 16, got 8"):
+            kernels.linear_int8(x, codes, scales, n, b, r, bits)
+        return
+    y = kernels.linear_int8(x, codes, scales, n, b, r, bits)
+    expected = int8.reference_linear(x, int8.dequantize(qw), b, r, activation_bits=bits)
     assert y.dtype == dtype
     # Same quantized products; only the order of the float32 sums differs.
     close(y, expected, dtype, scale=10 if dtype == torch.float32 else 1)
@@ -256,6 +261,9 @@ def test_int8_linear_reads_asymmetric_blocks_like_gguf_q4_1(kernels):
     for rows in (1, 5, 16):
         x = torch.randn((rows, k), generator=g)
         close(kernels.linear_int8(x, codes, scales, n), int8.reference_linear(x, int8.dequantize(qw)), torch.float32, 10)
+        for bits in set(kernels.int8_activation_bits_choices) - {16}:
+            close(kernels.linear_int8(x, codes, scales, n, activation_bits=bits),
+                  int8.reference_linear(x, int8.dequantize(qw), activation_bits=bits), torch.float32, 10)
 
 
 @SETTINGS
@@ -348,3 +356,16 @@ def test_packed_weights_unpack_to_their_dense_rows_exactly(kernels, n):
     assert long.dense_from_rows == 32
     assert torch.equal(linear.apply(x, long, r), r + F.linear(x, w.bfloat16()))
     close(linear.apply(x[:8], long), F.linear(x[:8], w.bfloat16()), torch.bfloat16, scale=4)  # short: the kernel
+
+
+def test_a_build_without_8_bit_activation_codes_runs_16_and_says_so(caplog):
+    from preheat.engine.kernels.cpu_backend import int8_activation_bits_for
+
+    avx2 = getattr(extension, "avx2")
+    assert avx2.int8_activation_bits_choices == [16]
+    with caplog.at_level("WARNING", logger="preheat.engine.kernels.cpu_backend"):
+        assert int8_activation_bits_for(avx2, 8) == 16
+    assert "--int8-activation-bits 8 needs the avx512 kernels (this is the avx2 build); using 16" in caplog.text
+    assert int8_activation_bits_for(avx2, 16) == 16
+    assert getattr(extension, "avx512").int8_activation_bits_choices == [16, 8]
+    assert int8_activation_bits_for(getattr(extension, "avx512"), 8) == 8

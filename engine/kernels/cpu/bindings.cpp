@@ -33,7 +33,7 @@ bool cpu_has_avx512_kernels() {
 
 #define PREHEAT_KERNEL_SET(ns, check)                                                                   \
   KernelSet{#ns, check, ns::decode_attention_scratch, ns::decode_attention_tasks, ns::decode_attention_combine, \
-            ns::gemm_bf16_blocks, ns::gemm_f32_blocks, ns::quantize_rows_int16, ns::gemm_int8_blocks, ns::rms_norm_rows,         \
+            ns::gemm_bf16_blocks, ns::gemm_f32_blocks, ns::ACTIVATION_BITS, ns::quantize_activations, ns::gemm_int8_blocks, ns::rms_norm_rows,         \
             ns::silu_mul_rows, ns::rope_kv_rows, ns::unpack_bf16_blocks, ns::dequantize_int8_blocks}
 const KernelSet AVX512 = PREHEAT_KERNEL_SET(avx512, cpu_has_avx512_kernels);
 const KernelSet AVX2 = PREHEAT_KERNEL_SET(avx2, cpu_has_avx2_kernels);
@@ -214,7 +214,10 @@ std::pair<int, int64_t> packed_codes(const at::Tensor& codes, const at::Tensor& 
 }
 
 at::Tensor linear_int8(const KernelSet& k, const at::Tensor& x, const at::Tensor& codes, const at::Tensor& dm, int64_t N,
-                       const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& residual) {
+                       const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& residual,
+                       int64_t activation_bits) {
+  TORCH_CHECK(activation_bits == 16 || (activation_bits == 8 && k.activation_bits == 8), "linear_int8: the ", k.name,
+              " build takes activation_bits ", k.activation_bits == 8 ? "8 or 16" : "16", ", got ", activation_bits);
   check_cpu(x, "x");
   TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, "x must be [M, K] with contiguous rows");
   const int64_t M = x.size(0), K = x.size(1), KB = K / 32;
@@ -222,12 +225,12 @@ at::Tensor linear_int8(const KernelSet& k, const at::Tensor& x, const at::Tensor
   const auto [bits, codes_k] = packed_codes(codes, dm, N, "linear_int8");
   TORCH_CHECK(codes_k == K, "int8 weight codes do not match x");
   const int dt = dtype_code(x);
-  auto xq = at::empty({M, K}, x.options().dtype(at::kShort));
+  auto xq = at::empty({M, K}, x.options().dtype(activation_bits == 8 ? at::kChar : at::kShort));
   auto xs = at::empty({M, KB}, x.options().dtype(at::kFloat));
   auto xsum = at::empty({M, KB}, x.options().dtype(at::kFloat));
   at::parallel_for(0, M, 64, [&](int64_t b, int64_t e) {
-    k.quantize_rows_int16(x.data_ptr(), x.stride(0), dt, K, xq.data_ptr<int16_t>(), xs.data_ptr<float>(),
-                        xsum.data_ptr<float>(), b, e);
+    k.quantize_activations(x.data_ptr(), x.stride(0), dt, K, (int)activation_bits, xq.data_ptr(), xs.data_ptr<float>(),
+                           xsum.data_ptr<float>(), b, e);
   });
   GemmArgs a{};
   a.x = xq.data_ptr();
@@ -238,6 +241,7 @@ at::Tensor linear_int8(const KernelSet& k, const at::Tensor& x, const at::Tensor
   a.xsum = xsum.data_ptr<float>();
   a.K = K;
   a.code_bits = bits;
+  a.act_bits = (int)activation_bits;
   auto y = make_output(x, N, bias, residual, a);
   if (M == 0) return y;
   over_column_blocks(N, [&](int64_t b, int64_t e) { k.gemm_int8_blocks(a, b, e); });
@@ -345,6 +349,8 @@ void bind_set(pybind11::module_& m, const KernelSet& k) {
   const KernelSet* set = &k;
   auto nogil = py::call_guard<py::gil_scoped_release>();
   m.attr("isa") = k.name;
+  m.attr("int8_activation_bits_choices") =
+      k.activation_bits == 8 ? std::vector<int>{16, 8} : std::vector<int>{16};
   m.def("supported", k.runs_here, "whether this CPU runs this build of the kernels");
   m.def(
       "decode_attention",
@@ -367,10 +373,10 @@ void bind_set(pybind11::module_& m, const KernelSet& k) {
   m.def(
       "linear_int8",
       [set](const at::Tensor& x, const at::Tensor& codes, const at::Tensor& dm, int64_t n,
-            const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& residual) {
-        return linear_int8(*set, x, codes, dm, n, bias, residual);
-      },
-      nogil, arg("x"), arg("codes"), arg("dm"), arg("n"), arg("bias") = py::none(), arg("residual") = py::none());
+            const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& residual,
+            int64_t activation_bits) { return linear_int8(*set, x, codes, dm, n, bias, residual, activation_bits); },
+      nogil, arg("x"), arg("codes"), arg("dm"), arg("n"), arg("bias") = py::none(), arg("residual") = py::none(),
+      arg("activation_bits") = 16);
   m.def(
       "dense_bf16", [set](const at::Tensor& packed, int64_t n) { return dense_bf16(*set, packed, n); }, nogil,
       arg("packed"), arg("n"));

@@ -234,8 +234,12 @@ void gemm_int8_blocks(const GemmArgs& a, int64_t nb_begin, int64_t nb_end) {
     gemm_int8_bits<8>(a, nb_begin, nb_end);
 }
 
-void quantize_rows_int16(const void* x, int64_t ldx, int dtype, int64_t K, int16_t* q, float* scales, float* sums,
-                         int64_t m_begin, int64_t m_end) {
+const int ACTIVATION_BITS = 16;  // no vpdpbusd without AVX-VNNI, and vpmaddubsw saturates on 8-bit codes
+
+void quantize_activations(const void* x, int64_t ldx, int dtype, int64_t K, int bits, void* codes, float* scales,
+                          float* sums, int64_t m_begin, int64_t m_end) {
+  (void)bits;  // always 16 here (linear_int8 checks)
+  int16_t* q = (int16_t*)codes;
   const int64_t KB = K / 32;
   const __m256 sign = _mm256_set1_ps(-0.0f);
   for (int64_t m = m_begin; m < m_end; ++m) {

@@ -1,11 +1,13 @@
-// int8-weight GEMM: u8 weight codes widened to 16 bits and multiplied with int16
-// activation codes by vpdpwssd (pairs of products summed into int32 lanes), integer sums
-// per block of 32 inputs, scaled into float32 per block:
+// int8-weight GEMM: u8 weight codes (8 bits, or a GGUF's 4 kept at 4) multiplied with
+// int8 activation codes by vpdpbusd (four products summed into each int32 lane), integer
+// sums per block of 32 inputs, scaled into float32 per block:
 //   sum_k w x = sum_blocks d * xs * sum(q * qx) + m * xs * sum(qx)
 // (w = d q + m per weight block, x = xs qx per activation block). Activations are
-// quantized to int16 (scale absmax / 32767: a relative error near 1e-5, far below
-// bfloat16's own rounding), so only the weights are approximated. A decode step reads the
-// weights once from memory at a byte each, half of what bfloat16 weights cost.
+// quantized per row and block of 32 to int8 (scale absmax / 127), as llama.cpp quantizes
+// them (Q8_1) against its 4-bit blocks: one vpdpbusd does 64 multiply-adds where the int16
+// path's vpdpwssd did 32, which is what prompts and batches of 8+ rows, bound by compute,
+// gain; benchmarks/results/int8_accuracy.md measures what it costs in accuracy. A decode
+// step still reads the weights once, at a byte (or half a byte) each.
 #include "gemm_common.h"
 
 namespace preheat {
@@ -22,8 +24,9 @@ inline int64_t column_stride(int64_t K2) {
   return BITS == 8 ? K2 * 32 : K2 * 16;
 }
 
+// int16 activation codes: vpdpwssd on the codes widened to 16 bits, 32 products per instruction.
 template <int MT, int NT, int BITS>
-void tile_int8(const GemmArgs& a, int64_t m0, int64_t nb0) {
+void tile_int16(const GemmArgs& a, int64_t m0, int64_t nb0) {
   const int64_t K2 = a.K / 2, KB = a.K / 32, stride = column_stride<BITS>(K2);
   const int16_t* x = (const int16_t*)a.x + m0 * a.ldx;
   const uint8_t* w = (const uint8_t*)a.w + nb0 * stride;
@@ -77,12 +80,86 @@ void tile_int8(const GemmArgs& a, int64_t m0, int64_t nb0) {
   store_tile<MT, NT>(a, acc, m0, nb0);
 }
 
+// The packing holds 16 columns x 2 inputs per 32 bytes (input pair p, then pair p + 1);
+// vpdpbusd wants 16 columns x 4 inputs, each column's four bytes in its own 32-bit lane.
+// Words 2c, 2c + 1 of the result are word c of pair p and word c of pair p + 1.
+alignas(64) constexpr uint16_t QUAD_ORDER[32] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
+                                                 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+
+// Codes of column block j for inputs 4 kq .. 4 kq + 3, in vpdpbusd's order. 8-bit codes:
+// pairs 2 kq and 2 kq + 1 are 64 consecutive bytes; 4-bit codes: 32 bytes, pair 2 kq in the
+// low nibbles and 2 kq + 1 in the high ones.
+template <int BITS>
+inline __m512i quad_codes(const uint8_t* column, int64_t kq, __m512i order) {
+  __m512i halves;
+  if constexpr (BITS == 8) {
+    halves = _mm512_loadu_si512(column + kq * 64);
+  } else {
+    const __m256i raw = _mm256_loadu_si256((const __m256i*)(column + kq * 32));
+    halves = _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(raw), _mm256_srli_epi16(raw, 4), 1),
+                              _mm512_set1_epi8(0x0F));
+  }
+  return _mm512_permutexvar_epi16(order, halves);
+}
+
+template <int MT, int NT, int BITS>
+void tile_int8(const GemmArgs& a, int64_t m0, int64_t nb0) {  // int8 activation codes
+  const int64_t K2 = a.K / 2, KB = a.K / 32, stride = column_stride<BITS>(K2);
+  const int8_t* x = (const int8_t*)a.x + m0 * a.ldx;
+  const uint8_t* w = (const uint8_t*)a.w + nb0 * stride;
+  const uint16_t* dm = a.dm + nb0 * KB * 32;
+  const float* xs = a.xs + m0 * KB;
+  const float* xsum = a.xsum + m0 * KB;
+  const __m512i order = _mm512_load_si512(QUAD_ORDER);
+  constexpr int64_t block_bytes = BITS == 8 ? 512 : 256;
+  __m512 acc[MT][NT];
+  for (int i = 0; i < MT; ++i)
+    for (int j = 0; j < NT; ++j) acc[i][j] = _mm512_setzero_ps();
+  for (int64_t kb = 0; kb < KB; ++kb) {
+    // Each column block is its own stream: ask for its lines early.
+    for (int j = 0; j < NT; ++j) {
+      const uint8_t* ahead = w + j * stride + (kb + PREFETCH_BLOCKS) * block_bytes;
+      for (int64_t line = 0; line < block_bytes; line += 64) _mm_prefetch((const char*)ahead + line, _MM_HINT_T0);
+    }
+    __m512i ia[MT][NT];
+    for (int i = 0; i < MT; ++i)
+      for (int j = 0; j < NT; ++j) ia[i][j] = _mm512_setzero_si512();
+    for (int64_t kq = kb * 8; kq < kb * 8 + 8; ++kq) {
+      __m512i wv[NT];
+      for (int j = 0; j < NT; ++j) wv[j] = quad_codes<BITS>(w + j * stride, kq, order);
+      for (int i = 0; i < MT; ++i) {
+        const __m512i xb = _mm512_set1_epi32(load_i32(x + i * a.ldx + kq * 4));
+        for (int j = 0; j < NT; ++j) ia[i][j] = _mm512_dpbusd_epi32(ia[i][j], wv[j], xb);
+      }
+    }
+    for (int j = 0; j < NT; ++j) {
+      const __m512i dmv = _mm512_loadu_si512(dm + (j * KB + kb) * 32);
+      const __m512 d = _mm512_cvtph_ps(_mm512_castsi512_si256(dmv));
+      const __m512 m = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(dmv, 1));
+      for (int i = 0; i < MT; ++i) {
+        const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(ia[i][j]), _mm512_set1_ps(xs[i * KB + kb]));
+        acc[i][j] = _mm512_fmadd_ps(d, f, acc[i][j]);
+        acc[i][j] = _mm512_fmadd_ps(m, _mm512_set1_ps(xsum[i * KB + kb]), acc[i][j]);
+      }
+    }
+  }
+  store_tile<MT, NT>(a, acc, m0, nb0);
+}
+
+template <int MT, int NT, int BITS>
+inline void tile_any(const GemmArgs& a, int64_t m0, int64_t nb0) {
+  if (a.act_bits == 8)
+    tile_int8<MT, NT, BITS>(a, m0, nb0);
+  else
+    tile_int16<MT, NT, BITS>(a, m0, nb0);
+}
+
 template <int MT, int NTMAX, int BITS>
 void tile_int8_nt(const GemmArgs& a, int64_t m0, int64_t nb0, int64_t nt) {
-  if constexpr (NTMAX >= 4) { if (nt >= 4) return tile_int8<MT, 4, BITS>(a, m0, nb0); }
-  if (nt >= 3) return tile_int8<MT, 3, BITS>(a, m0, nb0);
-  if (nt == 2) return tile_int8<MT, 2, BITS>(a, m0, nb0);
-  return tile_int8<MT, 1, BITS>(a, m0, nb0);
+  if constexpr (NTMAX >= 4) { if (nt >= 4) return tile_any<MT, 4, BITS>(a, m0, nb0); }
+  if (nt >= 3) return tile_any<MT, 3, BITS>(a, m0, nb0);
+  if (nt == 2) return tile_any<MT, 2, BITS>(a, m0, nb0);
+  return tile_any<MT, 1, BITS>(a, m0, nb0);
 }
 
 template <int BITS>
@@ -111,6 +188,8 @@ void gemm_int8_blocks(const GemmArgs& a, int64_t nb_begin, int64_t nb_end) {
     gemm_int8_bits<8>(a, nb_begin, nb_end);
 }
 
+namespace {
+
 void quantize_rows_int16(const void* x, int64_t ldx, int dtype, int64_t K, int16_t* q, float* scales, float* sums,
                          int64_t m_begin, int64_t m_end) {
   const int64_t KB = K / 32;
@@ -129,6 +208,38 @@ void quantize_rows_int16(const void* x, int64_t ldx, int dtype, int64_t K, int16
       sums[m * KB + kb] = d * (float)_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
     }
   }
+}
+
+void quantize_rows_int8(const void* x, int64_t ldx, int dtype, int64_t K, int8_t* q, float* scales, float* sums,
+                        int64_t m_begin, int64_t m_end) {
+  const int64_t KB = K / 32;
+  for (int64_t m = m_begin; m < m_end; ++m) {
+    for (int64_t kb = 0; kb < KB; ++kb) {
+      const __m512 v0 = load16(elem(x, m * ldx + kb * 32, dtype), dtype);
+      const __m512 v1 = load16(elem(x, m * ldx + kb * 32 + 16, dtype), dtype);
+      const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+      const float d = amax / 127.0f;
+      const __m512 id = _mm512_set1_ps(d > 0.0f ? 1.0f / d : 0.0f);
+      const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, id));
+      const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, id));
+      _mm_storeu_si128((__m128i*)(q + m * K + kb * 32), _mm512_cvtsepi32_epi8(q0));
+      _mm_storeu_si128((__m128i*)(q + m * K + kb * 32 + 16), _mm512_cvtsepi32_epi8(q1));
+      scales[m * KB + kb] = d;
+      sums[m * KB + kb] = d * (float)_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+    }
+  }
+}
+
+}  // namespace
+
+const int ACTIVATION_BITS = 8;
+
+void quantize_activations(const void* x, int64_t ldx, int dtype, int64_t K, int bits, void* codes, float* scales,
+                          float* sums, int64_t m_begin, int64_t m_end) {
+  if (bits == 8)
+    quantize_rows_int8(x, ldx, dtype, K, (int8_t*)codes, scales, sums, m_begin, m_end);
+  else
+    quantize_rows_int16(x, ldx, dtype, K, (int16_t*)codes, scales, sums, m_begin, m_end);
 }
 
 void unpack_bf16_blocks(const GemmArgs& a, int64_t nb_begin, int64_t nb_end) { unpack_bf16_rows(a, nb_begin, nb_end); }

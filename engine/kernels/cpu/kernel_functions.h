@@ -19,10 +19,12 @@ void gemm_bf16_blocks(const GemmArgs& a, int64_t nb_begin, int64_t nb_end);
 // column blocks [nb_begin, nb_end) of 16, all rows.
 void gemm_f32_blocks(const GemmArgs& a, int64_t nb_begin, int64_t nb_end);
 
-// int8-weight GEMM (see GemmArgs): activations to int16 codes per block of 32, then the
-// column blocks [nb_begin, nb_end) of 16, all rows.
-void quantize_rows_int16(const void* x, int64_t ldx, int dtype, int64_t K, int16_t* q, float* scales, float* sums,
-                         int64_t m_begin, int64_t m_end);
+// int8-weight GEMM (see GemmArgs): activations to `bits`-bit codes (8: int8, 16: int16;
+// [M, K]) per block of 32, then the column blocks [nb_begin, nb_end) of 16, all rows, at
+// a.act_bits. ACTIVATION_BITS: the widths this build runs, 8 meaning 8 and 16, 16 only 16.
+extern const int ACTIVATION_BITS;
+void quantize_activations(const void* x, int64_t ldx, int dtype, int64_t K, int bits, void* codes, float* scales,
+                          float* sums, int64_t m_begin, int64_t m_end);
 void gemm_int8_blocks(const GemmArgs& a, int64_t nb_begin, int64_t nb_end);
 
 // transformers' Llama RMSNorm: y = w * round(x / rms(x)), normalised in float32.

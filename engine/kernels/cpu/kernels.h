@@ -56,9 +56,10 @@ struct DecodeAttnArgs {
 // = 16 columns x 2 inputs, widened to vpdpwssd's / vpmaddwd's operand) or, when every code
 // fits in 4 bits, [ceil(N/16), K/4, 32] (two such steps per 32 bytes: low nibbles, high
 // nibbles); dm [ceil(N/16), K/32, 2, 16].
-// Activations are quantized per row and block of 32 to int16 (scale = absmax / 32767).
+// Activations are quantized per row and block of 32 to int8 (AVX-512 build: scale absmax / 127,
+// vpdpbusd) or int16 (AVX2 build: absmax / 32767); KernelSet::activation_bits says which.
 struct GemmArgs {
-  const void* x;          // [M, K] activations (bf16 / float32 for those GEMMs, int16 codes for int8)
+  const void* x;          // [M, K] activations (bf16 / float32 for those GEMMs, int8 / int16 codes for int8)
   int64_t ldx;
   const void* w;          // packed weights
   const uint16_t* dm;     // int8 only: per (n block, k block) 16 scales then 16 offsets, fp16
@@ -72,6 +73,7 @@ struct GemmArgs {
   int64_t M, N, K;
   int out_dtype;
   int code_bits;          // int8 only: 8, or 4 for codes that fit (GGUF Q4_1) kept at 4 bits
+  int act_bits;           // int8 only: activation codes, 8 or 16 bits
 };
 
 // ---- element-wise ---------------------------------------------------------------------
@@ -109,7 +111,8 @@ struct KernelSet {
   void (*decode_attention_combine)(const DecodeAttnArgs&, const int64_t*, const int32_t*, int64_t, int64_t);
   void (*gemm_bf16_blocks)(const GemmArgs&, int64_t, int64_t);
   void (*gemm_f32_blocks)(const GemmArgs&, int64_t, int64_t);
-  void (*quantize_rows_int16)(const void*, int64_t, int, int64_t, int16_t*, float*, float*, int64_t, int64_t);
+  int activation_bits;  // the int8 GEMM's narrowest activation codes: 8 (vpdpbusd; 16 also runs) or 16 only
+  void (*quantize_activations)(const void*, int64_t, int, int64_t, int, void*, float*, float*, int64_t, int64_t);
   void (*gemm_int8_blocks)(const GemmArgs&, int64_t, int64_t);
   void (*rms_norm_rows)(const void*, int64_t, const void*, void*, int64_t, int64_t, float, int, int64_t, int64_t);
   void (*silu_mul_rows)(const void*, int64_t, void*, int64_t, int64_t, int, int64_t, int64_t);
