@@ -361,11 +361,11 @@ def test_packed_weights_unpack_to_their_dense_rows_exactly(kernels, n):
 def test_a_build_without_8_bit_activation_codes_runs_16_and_says_so(caplog):
     from preheat.engine.kernels.cpu_backend import int8_activation_bits_for
 
-    avx2 = getattr(extension, "avx2")
+    avx2 = extension.avx2
     assert avx2.int8_activation_bits_choices == [16]
     with caplog.at_level("WARNING", logger="preheat.engine.kernels.cpu_backend"):
         assert int8_activation_bits_for(avx2, 8) == 16
     assert "--int8-activation-bits 8 needs the avx512 kernels (this is the avx2 build); using 16" in caplog.text
     assert int8_activation_bits_for(avx2, 16) == 16
-    assert getattr(extension, "avx512").int8_activation_bits_choices == [16, 8]
-    assert int8_activation_bits_for(getattr(extension, "avx512"), 8) == 8
+    assert extension.avx512.int8_activation_bits_choices == [16, 8]
+    assert int8_activation_bits_for(extension.avx512, 8) == 8
