@@ -47,6 +47,12 @@ constexpr int64_t kv_size() {
 inline void token_rows(const DecodeAttnArgs& a, const void* cache, const int32_t* pages, int64_t t, int64_t n,
                        int64_t esz, const char** rows) {
   int64_t page = t / a.S, off = t % a.S;
+  if (off + n <= a.S) {  // within one page (always, at the default 16 tokens a page): a stride
+    const char* base = (const char*)cache + ((int64_t)pages[page] * a.kv_stride_page + off * a.kv_stride_tok) * esz;
+    const int64_t step = a.kv_stride_tok * esz;
+    for (int64_t i = 0; i < 16; ++i) rows[i] = base + (i < n ? i : 0) * step;
+    return;
+  }
   for (int64_t i = 0; i < n; ++i) {
     rows[i] = (const char*)cache + ((int64_t)pages[page] * a.kv_stride_page + off * a.kv_stride_tok) * esz;
     if (++off == a.S) {
