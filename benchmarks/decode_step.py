@@ -8,6 +8,8 @@ Sides:
 - preheat int8 on the GGUF: the engine as served by default (`--quantization auto`, = int8 on
   a block-quantized GGUF: this Q4_1 file's layers at 4 bits and its Q8_0 LM head, in place);
 - preheat int8 (8-bit codes): `--quantization int8` on the bf16 checkpoint (every matrix 8-bit);
+- preheat int8 on the GGUF, 8-bit activation codes: the same with `--int8-activation-bits 8`
+  (AVX-512 VNNI build only);
 - preheat bf16, fp8 KV: `--kv-cache-dtype fp8`, the decode kernel reading 8-bit pages in place;
 - preheat bf16, torch kernels: PREHEAT_ATTENTION_BACKEND=torch, the PyTorch reference path
   (oneDNN matmuls, gathered-context SDPA): what the engine ran before the CPU kernels;
@@ -48,12 +50,13 @@ import bandwidth  # benchmarks/bandwidth.py, beside this file
 RESULTS = Path(__file__).parent / "results"
 INT8_GGUF = "preheat int8 on the GGUF (Q4_1 layers at 4 bits)"
 INT8_CODES = "preheat int8 (8-bit codes)"
+INT8_GGUF_A8 = "preheat int8 on the GGUF, 8-bit activation codes"
 # Which side stands for which weight format in the floor table. On the Q4_1 GGUF,
 # `--quantization int8` keeps the file's Q4_1 blocks (4 bits a weight, in place) and its
 # Q8_0 LM head: that is the 4-bit row (and what `preheat serve` runs by default: `auto`).
 # Q4_0 / Q4_K GGUFs take the same 4-bit path (engine/model/gguf_weights.py).
 FORMATS = (("bf16", "preheat bf16"), ("int8", INT8_CODES), ("4-bit (Q4_1 layers, Q8_0 head)", INT8_GGUF),
-           ("bf16, fp8 KV", "preheat bf16, fp8 KV"))
+           ("4-bit, 8-bit activation codes", INT8_GGUF_A8), ("bf16, fp8 KV", "preheat bf16, fp8 KV"))
 FLOOR_GOAL = 1.5  # issue 28: a step at most 1.5x its floor at batch 1 and 8
 STORY = "Write a long story about a lighthouse keeper who finds a message in a bottle. " * 40
 
@@ -268,6 +271,9 @@ def run(args: argparse.Namespace) -> str:
     ours = sides[0].engine
     # 8-bit codes everywhere: the bf16 checkpoint quantized (on the GGUF, int8 keeps Q4_1 at 4 bits).
     sides.append(EngineSide(INT8_CODES, "cpu", model=ours.hf_dir, dtype="bfloat16", quantization="int8"))
+    # --int8-activation-bits 8: the same blocks multiplied by int8 activation codes (vpdpbusd).
+    if 8 in getattr(ours.kernels.kernels, "int8_activation_bits_choices", ()):
+        sides.append(EngineSide(INT8_GGUF_A8, "cpu", dtype="bfloat16", quantization="int8", int8_activation_bits=8))
     sides.append(EngineSide("preheat bf16, fp8 KV", "cpu", dtype="bfloat16", kv_cache_dtype="fp8", quantization="none"))
     if not args.no_reference:
         sides.append(EngineSide("preheat bf16, torch kernels (before)", "torch", dtype="bfloat16", quantization="none"))

@@ -8,8 +8,11 @@ keeps the softmax in float32.
 A short extend (a few new tokens per sequence, e.g. a speculative-decoding verify step) is
 the decode problem once per new token: token j of a sequence with p cached tokens sees
 p + j + 1 keys. `plan_short_extend` turns it into decode rows (the page-table row repeated,
-one length per token), so it runs on the same kernel. Long extends (prompt chunks) stay on
-the SDPA paths (engine/kernels/batched_extend.py, reference.py).
+one length per token), so it runs on the same kernel. Long extends (prompt chunks) run on
+the extend kernel (extend_attention_avx512.cpp: queries in the vector lanes, online softmax
+over the pages; bfloat16, head_dim 64 / 128, the AVX-512 build), ~4.5x SDPA's time per
+layer at 256-512 new tokens; anything else stays on the SDPA paths
+(engine/kernels/batched_extend.py, reference.py).
 
 Every function that runs a kernel takes the kernels module (engine/kernels/cpu_ext.py's
 build) as its first argument; engine/kernels/cpu_backend.py holds it.
@@ -17,8 +20,10 @@ build) as its first argument; engine/kernels/cpu_backend.py holds it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
+from typing import Any
 
 import torch
 
@@ -85,9 +90,49 @@ def short_extend(kernels: ModuleType, q, k_cache, v_cache, plan: ShortExtend, sc
     return decode_attention(kernels, q, k_cache, v_cache, plan.page_table, plan.seq_lens, scale)
 
 
+@dataclass
+class LongExtend:
+    """A prompt-chunk extend: the lengths the extend kernel reads, and the PyTorch backend's
+    plan for what it does not take (made only when asked: `fallback`)."""
+
+    prefix_lens: torch.Tensor  # int32 [B]
+    extend_lens: torch.Tensor  # int32 [B]
+    make_fallback: Callable[[], Any]
+    _fallback: Any = None
+    _made: bool = False
+
+    def fallback(self) -> Any:
+        if not self._made:
+            self._fallback, self._made = self.make_fallback(), True
+        return self._fallback
+
+
+def long_extend_eligible(kernels: ModuleType, q: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    """Whether the extend kernel takes these queries and this cache: the AVX-512 build,
+    bfloat16 queries and pages (not fp8), head_dim 64 or 128, whole query groups."""
+    return (
+        getattr(kernels, "has_extend_attention", False)
+        and q.device.type == "cpu"
+        and q.dtype == torch.bfloat16 == k_cache.dtype
+        and q.shape[-1] in (64, 128)
+        and q.shape[1] % k_cache.shape[2] == 0
+        and q.stride(-1) == 1
+        and q.stride(0) % 2 == 0
+        and q.stride(1) % 2 == 0
+    )
+
+
+def long_extend(kernels: ModuleType, q, k_cache, v_cache, page_table, plan: LongExtend, scale) -> torch.Tensor:
+    return kernels.extend_attention(q, k_cache, v_cache, page_table, plan.prefix_lens, plan.extend_lens, scale)
+
+
 def extend_attention(kernels: ModuleType, q, k_cache, v_cache, page_table, prefix_lens, extend_lens,
                      scale) -> torch.Tensor:  # fmt: skip
-    plan = plan_short_extend(page_table, [int(p) for p in prefix_lens], [int(e) for e in extend_lens])
+    prefix, extend = [int(p) for p in prefix_lens], [int(e) for e in extend_lens]
+    plan = plan_short_extend(page_table, prefix, extend)
     if plan is not None and eligible(q, k_cache):
         return short_extend(kernels, q, k_cache, v_cache, plan, scale)
+    if plan is None and page_table is not None and long_extend_eligible(kernels, q, k_cache):
+        lens = LongExtend(torch.tensor(prefix, dtype=torch.int32), torch.tensor(extend, dtype=torch.int32), lambda: None)
+        return long_extend(kernels, q, k_cache, v_cache, page_table, lens, scale)
     return reference.extend_attention(q, k_cache, v_cache, page_table, prefix_lens, extend_lens, scale)

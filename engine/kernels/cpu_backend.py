@@ -55,11 +55,17 @@ class CpuKernelBackend(TorchBackend):
         return None  # the kernel reads the pages where they lie: nothing to gather
 
     def prepare_extend(self, page_table, prefix_lens: list[int], extend_lens: list[int], page_size: int):
-        """Decode rows for a short extend; else the PyTorch backend's plan."""
+        """Decode rows for a short extend; else the extend kernel's lengths, with the PyTorch
+        backend's plan made only if a layer's dtypes send it there."""
         short = cpu_attention.plan_short_extend(page_table, prefix_lens, extend_lens)
         if short is not None:
             return short
-        return super().prepare_extend(page_table, prefix_lens, extend_lens, page_size)
+        if page_table is None or not getattr(self.kernels, "has_extend_attention", False):
+            return super().prepare_extend(page_table, prefix_lens, extend_lens, page_size)
+        return cpu_attention.LongExtend(
+            torch.tensor(prefix_lens, dtype=torch.int32), torch.tensor(extend_lens, dtype=torch.int32),
+            lambda: TorchBackend.prepare_extend(self, page_table, prefix_lens, extend_lens, page_size),
+        )
 
     def decode_attention(self, q, k_cache, v_cache, page_table, seq_lens, scale, prepared=None) -> torch.Tensor:
         if prepared is not None:
@@ -70,6 +76,12 @@ class CpuKernelBackend(TorchBackend):
                          prepared=None) -> torch.Tensor:  # fmt: skip
         if isinstance(prepared, cpu_attention.ShortExtend):
             return cpu_attention.short_extend(self.kernels, q, k_cache, v_cache, prepared, scale)
+        if isinstance(prepared, cpu_attention.LongExtend):
+            if cpu_attention.long_extend_eligible(self.kernels, q, k_cache):
+                return cpu_attention.long_extend(self.kernels, q, k_cache, v_cache, page_table, prepared, scale)
+            prepared = prepared.fallback()
+            if prepared is None:
+                return reference.extend_attention(q, k_cache, v_cache, page_table, prefix_lens, extend_lens, scale)
         if prepared is not None:
             return super().extend_attention(q, k_cache, v_cache, page_table, prefix_lens, extend_lens, scale, prepared)
         return cpu_attention.extend_attention(self.kernels, q, k_cache, v_cache, page_table, prefix_lens,

@@ -88,6 +88,32 @@ def test_decode_attention_matches_the_reference(batch, kvh, group, hd, page_size
 
 @SETTINGS
 @given(
+    extends=st.lists(st.tuples(st.integers(0, 90), st.integers(1, 80)), min_size=1, max_size=4),
+    kvh=st.integers(1, 3),
+    group=st.sampled_from([1, 2, 3, 4, 7]),
+    hd=st.sampled_from([64, 128]),
+    page_size=st.sampled_from([1, 4, 16]),
+    seed=st.integers(0, 2**16),
+)
+def test_extend_attention_matches_the_reference(extends, kvh, group, hd, page_size, seed, kernels):
+    """A prompt chunk per sequence (prefix cached, new tokens causal among themselves) in
+    bfloat16, queries in the lanes; the reference is SDPA over the gathered context."""
+    if not kernels.has_extend_attention:  # the AVX-512 build's
+        with pytest.raises(RuntimeError, match="extend_attention: not in the avx2 build"):
+            kernels.extend_attention(torch.zeros((1, 1, 64), dtype=torch.bfloat16), *([torch.zeros(1)] * 5), 1.0)
+        return
+    g = torch.Generator().manual_seed(seed)
+    prefix = [p for p, _ in extends]
+    extend = [e for _, e in extends]
+    k_cache, v_cache, table = paged_cache(g, [p + e for p, e in extends], page_size, kvh, hd, torch.bfloat16)
+    q = torch.randn((sum(extend), kvh * group, hd), generator=g).to(torch.bfloat16)
+    expected = reference.extend_attention(q, k_cache, v_cache, table, prefix, extend, hd**-0.5)
+    got = kernels.extend_attention(q, k_cache, v_cache, table, torch.tensor(prefix), torch.tensor(extend), hd**-0.5)
+    close(got, expected, torch.bfloat16)
+
+
+@SETTINGS
+@given(
     batch=st.integers(1, 4),
     kvh=st.integers(1, 3),
     group=st.sampled_from([1, 3]),

@@ -9,6 +9,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <array>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -34,9 +35,10 @@ bool cpu_has_avx512_kernels() {
 #define PREHEAT_KERNEL_SET(ns, check)                                                                   \
   KernelSet{#ns, check, ns::decode_attention_scratch, ns::decode_attention_tasks, ns::decode_attention_combine, \
             ns::gemm_bf16_blocks, ns::gemm_f32_blocks, ns::ACTIVATION_BITS, ns::quantize_activations, ns::gemm_int8_blocks, ns::rms_norm_rows,         \
-            ns::silu_mul_rows, ns::rope_kv_rows, ns::unpack_bf16_blocks, ns::dequantize_int8_blocks}
-const KernelSet AVX512 = PREHEAT_KERNEL_SET(avx512, cpu_has_avx512_kernels);
-const KernelSet AVX2 = PREHEAT_KERNEL_SET(avx2, cpu_has_avx2_kernels);
+            ns::silu_mul_rows, ns::rope_kv_rows, ns::unpack_bf16_blocks, ns::dequantize_int8_blocks
+const KernelSet AVX512 = PREHEAT_KERNEL_SET(avx512, cpu_has_avx512_kernels), avx512::extend_attention_scratch,
+                                            avx512::extend_attention_task};
+const KernelSet AVX2 = PREHEAT_KERNEL_SET(avx2, cpu_has_avx2_kernels), nullptr, nullptr};
 #undef PREHEAT_KERNEL_SET
 const KernelSet* const SETS[] = {&AVX512, &AVX2};  // best first
 
@@ -126,6 +128,72 @@ at::Tensor decode_attention(const KernelSet& k, const at::Tensor& q, const at::T
       k.decode_attention_combine(a, first_task.data(), num_chunks.data(), begin, end);
     });
   }
+  return out;
+}
+
+// The new tokens of B sequences back to back in q [T, H, D]: sequence b's extend_lens[b]
+// rows see its prefix_lens[b] cached tokens and, causally, each other (their K/V already in
+// the pages). Tasks are (sequence, kv head, up to 32 rows), dealt so that both halves of
+// the list (at::parallel_for's split) hold as much work: a late row sees more keys.
+at::Tensor extend_attention(const KernelSet& k, const at::Tensor& q, const at::Tensor& k_cache,
+                            const at::Tensor& v_cache, const at::Tensor& page_table, const at::Tensor& prefix_lens,
+                            const at::Tensor& extend_lens, double scale) {
+  check_cpu(q, "q");
+  TORCH_CHECK(k.extend_attention_task != nullptr, "extend_attention: not in the ", k.name, " build");
+  TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1 && q.stride(0) % 2 == 0 && q.stride(1) % 2 == 0 &&
+                  q.scalar_type() == at::kBFloat16,
+              "q must be bfloat16 [T, H, D] with contiguous, even-strided heads");
+  TORCH_CHECK(k_cache.dim() == 4 && k_cache.stride(3) == 1 && v_cache.strides() == k_cache.strides() &&
+                  k_cache.scalar_type() == at::kBFloat16 && v_cache.scalar_type() == at::kBFloat16 &&
+                  k_cache.stride(2) % 2 == 0,
+              "caches must be bfloat16 [pages, page_size, kv_heads, D] with equal strides");
+  const int64_t T = q.size(0), H = q.size(1), D = q.size(2), S = k_cache.size(1), KVH = k_cache.size(2);
+  TORCH_CHECK((D == 64 || D == 128) && k_cache.size(3) == D, "head_dim must be 64 or 128");
+  TORCH_CHECK(H % KVH == 0, "query heads must be a multiple of the kv heads");
+  auto pt = page_table.contiguous();
+  auto pre = prefix_lens.to(at::kInt).contiguous();
+  auto ext = extend_lens.to(at::kInt).contiguous();
+  const int64_t B = pre.size(0);
+  TORCH_CHECK(ext.size(0) == B && pt.size(0) == B && pt.scalar_type() == at::kInt, "one page-table row, prefix and extend length per sequence");
+  const int32_t* p = pre.data_ptr<int32_t>();
+  const int32_t* e = ext.data_ptr<int32_t>();
+  std::vector<int64_t> start(B);
+  std::vector<std::array<int64_t, 4>> tasks;  // (b, kvh, r0, r1)
+  std::vector<int64_t> cost;
+  int64_t rows = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    TORCH_CHECK(p[b] >= 0 && e[b] >= 0 && (p[b] + e[b] + S - 1) / S <= pt.size(1), "lengths out of range of the page table");
+    start[b] = rows;
+    rows += e[b];
+    for (int64_t r0 = 0; r0 < e[b]; r0 += 32)
+      for (int64_t h = 0; h < KVH; ++h) {
+        tasks.push_back({b, h, r0, std::min<int64_t>(r0 + 32, e[b])});
+        cost.push_back(p[b] + std::min<int64_t>(r0 + 32, e[b]));
+      }
+  }
+  TORCH_CHECK(rows == T, "q has ", T, " rows, the extend lengths sum to ", rows);
+  auto out = at::empty({T, H, D}, q.options());
+  if (tasks.empty()) return out;
+  // Costliest first, then dealt alternately to the two ends of the list.
+  std::vector<int64_t> order(tasks.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = (int64_t)i;
+  std::stable_sort(order.begin(), order.end(), [&](int64_t x, int64_t y) { return cost[x] > cost[y]; });
+  std::vector<int64_t> dealt(order.size());
+  size_t lo = 0, hi = order.size();
+  for (size_t i = 0; i < order.size(); ++i) dealt[i % 2 == 0 ? lo++ : --hi] = order[i];
+  ExtendAttnArgs a{q.data_ptr(), q.stride(0), q.stride(1), k_cache.data_ptr(), v_cache.data_ptr(),
+                   k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), pt.data_ptr<int32_t>(), pt.stride(0),
+                   p, start.data(), out.data_ptr(), H, KVH, D, S, (float)scale};
+  const int64_t threads = at::get_num_threads();
+  const int64_t per_thread = k.extend_attention_scratch(a);
+  std::vector<float> scratch(per_thread * threads + 16);
+  at::parallel_for(0, (int64_t)dealt.size(), 1, [&](int64_t begin, int64_t end) {
+    float* mine = scratch.data() + per_thread * std::min<int64_t>(at::get_thread_num(), threads - 1);
+    for (int64_t i = begin; i < end; ++i) {
+      const auto& t = tasks[dealt[i]];
+      k.extend_attention_task(a, t[0], t[1], t[2], t[3], mine);
+    }
+  });
   return out;
 }
 
@@ -360,6 +428,15 @@ void bind_set(pybind11::module_& m, const KernelSet& k) {
       },
       nogil, arg("q"), arg("k_cache"), arg("v_cache"), arg("page_table"), arg("seq_lens"), arg("scale"),
       arg("k_scale") = 1.0, arg("v_scale") = 1.0);
+  m.attr("has_extend_attention") = k.extend_attention_task != nullptr;
+  m.def(
+      "extend_attention",
+      [set](const at::Tensor& q, const at::Tensor& kc, const at::Tensor& vc, const at::Tensor& pt,
+            const at::Tensor& prefix_lens, const at::Tensor& extend_lens, double scale) {
+        return extend_attention(*set, q, kc, vc, pt, prefix_lens, extend_lens, scale);
+      },
+      nogil, arg("q"), arg("k_cache"), arg("v_cache"), arg("page_table"), arg("prefix_lens"), arg("extend_lens"),
+      arg("scale"));
   m.def(
       "linear_bf16",
       [set](const at::Tensor& x, const at::Tensor& packed, int64_t n, const c10::optional<at::Tensor>& bias,

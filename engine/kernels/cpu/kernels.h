@@ -41,6 +41,28 @@ struct DecodeAttnArgs {
   float v_mult = 1.0f;    // the outputs' factor: an fp8 cache's value scale (and 256 for e4m3)
 };
 
+// ---- paged extend (prompt) attention ------------------------------------------------
+// The new tokens of several sequences, back to back in q; token j of a sequence with p
+// cached tokens sees keys 0 .. p + j (its own K/V already written to the pages). bfloat16
+// q, caches and out; head_dim 64 or 128 (the AVX-512 build only: `extend_attention` is
+// null in a set without it).
+struct ExtendAttnArgs {
+  const void* q;          // [T, H, D], strides below (elements)
+  int64_t q_stride_t, q_stride_h;
+  const void* k_cache;    // [pages, S, KVH, D]
+  const void* v_cache;
+  int64_t kv_stride_page, kv_stride_tok, kv_stride_head;
+  const int32_t* page_table;  // [B, pt_stride]
+  int64_t pt_stride;
+  const int32_t* prefix_lens;  // [B]
+  const int64_t* q_start;      // [B]: the sequence's first row of q
+  void* out;              // [T, H, D] contiguous
+  int64_t H, KVH, D, S;
+  float scale;
+};
+// One task: sequence b, kv head kvh (all its query heads), query rows [r0, r1) of b (at
+// most 32). Floats of scratch a task needs: extend_attention_scratch.
+
 // ---- skinny GEMMs ---------------------------------------------------------------------
 // bf16: weights packed by linear.py (a permute): [ceil(N/16), K/2, 16, 2] bf16, K even, so
 // one 64-byte load holds 16 output columns x 2 inputs, the operand vdpbf16ps takes (the
@@ -96,6 +118,9 @@ struct RopeKVArgs {
 // ---- the functions, once per instruction set ----------------------------------------
 namespace avx512 {
 #include "kernel_functions.h"
+// Extend attention (see ExtendAttnArgs): this build only.
+int64_t extend_attention_scratch(const ExtendAttnArgs& a);
+void extend_attention_task(const ExtendAttnArgs& a, int64_t b, int64_t kvh, int64_t r0, int64_t r1, float* scratch);
 }  // namespace avx512
 namespace avx2 {
 #include "kernel_functions.h"
@@ -119,6 +144,8 @@ struct KernelSet {
   void (*rope_kv_rows)(const RopeKVArgs&, int64_t, int64_t);
   void (*unpack_bf16_blocks)(const GemmArgs&, int64_t, int64_t);
   void (*dequantize_int8_blocks)(const GemmArgs&, int64_t, int64_t);
+  int64_t (*extend_attention_scratch)(const ExtendAttnArgs&);  // null: not in this set
+  void (*extend_attention_task)(const ExtendAttnArgs&, int64_t, int64_t, int64_t, int64_t, float*);
 };
 
 }  // namespace preheat

@@ -44,7 +44,8 @@ constexpr int64_t kv_size() {
 
 // Row pointers of tokens [t, t + n) (n <= 16) in `cache`; rows past n repeat the first
 // (valid memory, weighted 0). One division per block: page and offset then advance.
-inline void token_rows(const DecodeAttnArgs& a, const void* cache, const int32_t* pages, int64_t t, int64_t n,
+template <typename Args>  // DecodeAttnArgs or ExtendAttnArgs: the same page fields
+inline void token_rows(const Args& a, const void* cache, const int32_t* pages, int64_t t, int64_t n,
                        int64_t esz, const char** rows) {
   int64_t page = t / a.S, off = t % a.S;
   if (off + n <= a.S) {  // within one page (always, at the default 16 tokens a page): a stride

@@ -1,0 +1,185 @@
+// Paged extend (prompt) attention, bfloat16, with the queries in the vector lanes: a task is
+// one sequence, one kv head and up to 32 of its new tokens, for every query head of the
+// group. 16 query rows of one head share a vector:
+//  - scores: for each key, sum over the head's dimension pairs of (query pair j of 16 rows,
+//    transposed once per task) x (the key's pair j, broadcast from the page): vdpbf16ps,
+//    16 rows' scores of one key per vector, no horizontal sums;
+//  - softmax: online over blocks of 16 keys (running max and sum per row, lane-wise);
+//  - values: for each pair of keys, (their probabilities of 16 rows, as bfloat16 pairs) x
+//    (the pair's values at dimension d, broadcast): vdpbf16ps into output dimension d.
+// Keys and values are read from the pages where they lie; the key block is one page at the
+// default page size. Probabilities are rounded to bfloat16 for the value products, as
+// SDPA's bfloat16 path rounds them; sums are float32.
+#include "avx512_common.h"
+
+namespace preheat {
+namespace avx512 {
+namespace {
+
+constexpr int64_t ROWS = 16;  // query rows per vector
+
+struct ExtendScratch {
+  float* qt;   // [groups][G][D/2][16] query pairs, transposed (bf16 pairs as int32)
+  float* ot;   // [groups][G][D][16] output accumulators, transposed
+  float* ml;   // [groups][G][2][16] running max and sum
+  float* vp;   // [8][D] value pairs of a key block: (v[2i][d], v[2i+1][d]) as int32
+  float* pp;   // [8][16] probability pairs of 16 rows
+};
+
+template <int D>
+void task(const ExtendAttnArgs& a, int64_t b, int64_t kvh, int64_t r0, int64_t r1, float* scratch) {
+  constexpr int64_t DP = D / 2;
+  const int64_t G = a.H / a.KVH, rows = r1 - r0, groups = (rows + ROWS - 1) / ROWS;
+  const int64_t prefix = a.prefix_lens[b], last_key = prefix + r1;  // keys [0, last_key)
+  const int32_t* pages = a.page_table + b * a.pt_stride;
+  ExtendScratch sc;
+  sc.qt = scratch;
+  sc.ot = sc.qt + groups * G * DP * 16;
+  sc.ml = sc.ot + groups * G * D * 16;
+  sc.vp = sc.ml + groups * G * 2 * 16;
+  sc.pp = sc.vp + 8 * D;
+  // Queries transposed: lane r of qt[grp][g][j] = pair j of row r0 + grp * 16 + r, head g.
+  const uint32_t* q = (const uint32_t*)a.q;
+  for (int64_t grp = 0; grp < groups; ++grp) {
+    const int64_t n = imin(ROWS, rows - grp * ROWS);
+    const __mmask16 live = tail_mask(n);
+    const __m512i row_off = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                               _mm512_set1_epi32((int32_t)(a.q_stride_t / 2)));
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t h = kvh * G + g;
+      const uint32_t* base = q + ((a.q_start[b] + r0 + grp * ROWS) * a.q_stride_t + h * a.q_stride_h) / 2;
+      float* dst = sc.qt + (grp * G + g) * DP * 16;
+      for (int64_t j = 0; j < DP; ++j)
+        _mm512_storeu_si512(dst + j * 16, _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, row_off,
+                                                                     base + j, 4));
+      float* o = sc.ot + (grp * G + g) * D * 16;
+      for (int64_t d = 0; d < D; ++d) _mm512_storeu_ps(o + d * 16, _mm512_setzero_ps());
+      _mm512_storeu_ps(sc.ml + (grp * G + g) * 32, _mm512_set1_ps(-INFINITY));
+      _mm512_storeu_ps(sc.ml + (grp * G + g) * 32 + 16, _mm512_setzero_ps());
+    }
+  }
+  const __m512 scale = _mm512_set1_ps(a.scale);
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const char* krow[16];
+  const char* vrow[16];
+  for (int64_t k0 = 0; k0 < last_key; k0 += 16) {
+    const int64_t n = imin(16, last_key - k0), pairs = (n + 1) / 2;
+    token_rows(a, a.k_cache, pages, k0, n, 2, krow);
+    token_rows(a, a.v_cache, pages, k0, n, 2, vrow);
+    // Value pairs of this block, kv head kvh: vp[i][d] = (v[2i][d], v[2i+1][d]); an odd last
+    // key pairs with a zero value (its probability pair's second half is 0 too).
+    for (int64_t i = 0; i < pairs; ++i) {
+      const uint16_t* v0 = (const uint16_t*)(vrow[2 * i] + kvh * a.kv_stride_head * 2);
+      const uint16_t* v1 = (const uint16_t*)(vrow[2 * i + 1] + kvh * a.kv_stride_head * 2);
+      const bool odd = 2 * i + 1 >= n;
+      for (int64_t d = 0; d < D; d += 32) {
+        const __m512i x0 = _mm512_loadu_si512(v0 + d);
+        const __m512i x1 = odd ? _mm512_setzero_si512() : _mm512_loadu_si512(v1 + d);
+        // unpack{lo,hi} interleave within 128-bit lanes; permute back to d order.
+        const __m512i lo = _mm512_unpacklo_epi16(x0, x1), hi = _mm512_unpackhi_epi16(x0, x1);
+        const __m512i first = _mm512_permutex2var_epi64(lo, _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11), hi);
+        const __m512i second = _mm512_permutex2var_epi64(lo, _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15), hi);
+        _mm512_storeu_si512(sc.vp + i * D + d, first);
+        _mm512_storeu_si512(sc.vp + i * D + d + 16, second);
+      }
+    }
+    for (int64_t grp = 0; grp < groups; ++grp) {
+      const int64_t row0 = r0 + grp * ROWS;  // first row of this vector
+      const int64_t n_rows = imin(ROWS, r1 - row0);
+      if (k0 > prefix + row0 + n_rows - 1) continue;  // every key here is after every row
+      // Key k is visible to row r when k <= prefix + r.
+      const __m512i row_pos = _mm512_add_epi32(lane, _mm512_set1_epi32((int32_t)(prefix + row0)));
+      const bool diagonal = k0 + n - 1 > prefix + row0;
+      for (int64_t g = 0; g < G; ++g) {
+        const int64_t at = grp * G + g;
+        const uint32_t* qt = (const uint32_t*)sc.qt + at * DP * 16;
+        __m512 s[16];
+        __mmask16 visible[16];
+        for (int64_t i = 0; i < n; ++i) {
+          const uint32_t* kp = (const uint32_t*)(krow[i] + kvh * a.kv_stride_head * 2);
+          __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+          for (int64_t j = 0; j < DP; j += 2) {
+            acc0 = _mm512_dpbf16_ps(acc0, (__m512bh)_mm512_loadu_si512(qt + j * 16), (__m512bh)_mm512_set1_epi32(kp[j]));
+            acc1 = _mm512_dpbf16_ps(acc1, (__m512bh)_mm512_loadu_si512(qt + (j + 1) * 16),
+                                    (__m512bh)_mm512_set1_epi32(kp[j + 1]));
+          }
+          s[i] = _mm512_mul_ps(_mm512_add_ps(acc0, acc1), scale);
+          visible[i] = diagonal ? _mm512_cmple_epi32_mask(_mm512_set1_epi32((int32_t)(k0 + i)), row_pos) : 0xFFFF;
+          s[i] = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), visible[i], s[i]);
+        }
+        float* ml = sc.ml + at * 32;
+        const __m512 m_old = _mm512_loadu_ps(ml);
+        __m512 m_new = m_old;
+        for (int64_t i = 0; i < n; ++i) m_new = _mm512_max_ps(m_new, s[i]);
+        // Rows that see no key of this block keep -inf: exp(-inf - -inf) is NaN, so such
+        // lanes compute with 0 instead and their probabilities come out 0.
+        const __mmask16 seen = _mm512_cmp_ps_mask(m_new, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ);
+        const __m512 m_use = _mm512_maskz_mov_ps(seen, m_new);
+        const __m512 corr = _mm512_maskz_mov_ps(seen, exp16(_mm512_sub_ps(m_old, m_use)));
+        __m512 l = _mm512_mul_ps(_mm512_loadu_ps(ml + 16), corr);
+        uint32_t* pp = (uint32_t*)sc.pp;
+        for (int64_t i = 0; i < pairs * 2; i += 2) {
+          const __m512 p0 = _mm512_maskz_mov_ps(seen & visible[i], exp16(_mm512_sub_ps(s[i], m_use)));
+          const __m512 p1 = i + 1 < n ? _mm512_maskz_mov_ps(seen & visible[i + 1], exp16(_mm512_sub_ps(s[i + 1], m_use)))
+                                      : _mm512_setzero_ps();
+          l = _mm512_add_ps(l, _mm512_add_ps(p0, p1));
+          // (p0[r], p1[r]) as a bf16 pair in lane r.
+          const __m512i b0 = _mm512_cvtepu16_epi32(f32_to_bf16(p0)), b1 = _mm512_cvtepu16_epi32(f32_to_bf16(p1));
+          _mm512_storeu_si512(pp + (i / 2) * 16, _mm512_or_si512(b0, _mm512_slli_epi32(b1, 16)));
+        }
+        _mm512_storeu_ps(ml, m_new);
+        _mm512_storeu_ps(ml + 16, l);
+        float* o = sc.ot + at * D * 16;
+        const bool rescale = _mm512_cmp_ps_mask(corr, _mm512_set1_ps(1.0f), _CMP_NEQ_OQ) != 0;
+        const uint32_t* vp = (const uint32_t*)sc.vp;
+        for (int64_t d0 = 0; d0 < D; d0 += 16) {
+          __m512 acc[16];
+          for (int64_t d = 0; d < 16; ++d) {
+            acc[d] = _mm512_loadu_ps(o + (d0 + d) * 16);
+            if (rescale) acc[d] = _mm512_mul_ps(acc[d], corr);
+          }
+          for (int64_t i = 0; i < pairs; ++i) {
+            const __m512bh pv = (__m512bh)_mm512_loadu_si512(pp + i * 16);
+            for (int64_t d = 0; d < 16; ++d)
+              acc[d] = _mm512_dpbf16_ps(acc[d], pv, (__m512bh)_mm512_set1_epi32(vp[i * D + d0 + d]));
+          }
+          for (int64_t d = 0; d < 16; ++d) _mm512_storeu_ps(o + (d0 + d) * 16, acc[d]);
+        }
+      }
+    }
+  }
+  // out[row, h, :] = ot[:, lane] / l[lane].
+  uint16_t* out = (uint16_t*)a.out;
+  for (int64_t grp = 0; grp < groups; ++grp) {
+    const int64_t n_rows = imin(ROWS, rows - grp * ROWS);
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t at = grp * G + g, h = kvh * G + g;
+      const float* o = sc.ot + at * D * 16;
+      const __m512 inv = _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_loadu_ps(sc.ml + at * 32 + 16));
+      for (int64_t d = 0; d < D; ++d) _mm512_storeu_ps((float*)o + d * 16, _mm512_mul_ps(_mm512_loadu_ps(o + d * 16), inv));
+      for (int64_t r = 0; r < n_rows; ++r) {
+        uint16_t* dst = out + ((a.q_start[b] + r0 + grp * ROWS + r) * a.H + h) * D;
+        const __m512i idx = _mm512_add_epi32(_mm512_mullo_epi32(lane, _mm512_set1_epi32(16)), _mm512_set1_epi32((int32_t)r));
+        for (int64_t d = 0; d < D; d += 16)
+          _mm256_storeu_si256((__m256i*)(dst + d), f32_to_bf16(_mm512_i32gather_ps(idx, o + d * 16, 4)));
+      }
+    }
+  }
+}
+
+}  // namespace
+
+int64_t extend_attention_scratch(const ExtendAttnArgs& a) {
+  const int64_t G = a.H / a.KVH, groups = 2;  // up to 32 rows a task
+  return groups * G * (a.D / 2) * 16 + groups * G * a.D * 16 + groups * G * 32 + 8 * a.D + 8 * 16;
+}
+
+void extend_attention_task(const ExtendAttnArgs& a, int64_t b, int64_t kvh, int64_t r0, int64_t r1, float* scratch) {
+  if (a.D == 64)
+    task<64>(a, b, kvh, r0, r1, scratch);
+  else
+    task<128>(a, b, kvh, r0, r1, scratch);
+}
+
+}  // namespace avx512
+}  // namespace preheat
