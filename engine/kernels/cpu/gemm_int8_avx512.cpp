@@ -24,60 +24,31 @@ inline int64_t column_stride(int64_t K2) {
   return BITS == 8 ? K2 * 32 : K2 * 16;
 }
 
-// int16 activation codes: vpdpwssd on the codes widened to 16 bits, 32 products per instruction.
+// One block of 32 inputs, int16 activation codes: vpdpwssd on the weight codes widened to
+// 16 bits, 32 products per instruction.
 template <int MT, int NT, int BITS>
-void tile_int16(const GemmArgs& a, int64_t m0, int64_t nb0) {
-  const int64_t K2 = a.K / 2, KB = a.K / 32, stride = column_stride<BITS>(K2);
-  const int16_t* x = (const int16_t*)a.x + m0 * a.ldx;
-  const uint8_t* w = (const uint8_t*)a.w + nb0 * stride;
-  const uint16_t* dm = a.dm + nb0 * KB * 32;
-  const float* xs = a.xs + m0 * KB;
-  const float* xsum = a.xsum + m0 * KB;
+inline void block_int16(__m512i (&ia)[MT][NT], const uint8_t* w, int64_t stride, const int16_t* x, int64_t ldx,
+                        int64_t kb) {
   const __m256i low4 = _mm256_set1_epi8(0x0F);
-  constexpr int64_t block_bytes = BITS == 8 ? 512 : 256;
-  __m512 acc[MT][NT];
-  for (int i = 0; i < MT; ++i)
-    for (int j = 0; j < NT; ++j) acc[i][j] = _mm512_setzero_ps();
-  for (int64_t kb = 0; kb < KB; ++kb) {
-    // Each column block is its own stream: ask for its lines early.
-    for (int j = 0; j < NT; ++j) {
-      const uint8_t* ahead = w + j * stride + (kb + PREFETCH_BLOCKS) * block_bytes;
-      for (int64_t line = 0; line < block_bytes; line += 64) _mm_prefetch((const char*)ahead + line, _MM_HINT_T0);
-    }
-    __m512i ia[MT][NT];
-    for (int i = 0; i < MT; ++i)
-      for (int j = 0; j < NT; ++j) ia[i][j] = _mm512_setzero_si512();
-    for (int64_t kp = kb * 16; kp < kb * 16 + 16; kp += 2) {
-      __m256i raw[NT];
-      __m512i wv[NT];
-      for (int half = 0; half < 2; ++half) {
-        for (int j = 0; j < NT; ++j) {
-          if constexpr (BITS == 8) {
-            wv[j] = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(w + j * stride + (kp + half) * 32)));
-          } else {
-            if (half == 0) raw[j] = _mm256_loadu_si256((const __m256i*)(w + j * stride + kp * 16));
-            const __m256i nib = half == 0 ? raw[j] : _mm256_srli_epi16(raw[j], 4);
-            wv[j] = _mm512_cvtepu8_epi16(_mm256_and_si256(nib, low4));
-          }
-        }
-        for (int i = 0; i < MT; ++i) {
-          const __m512i xb = _mm512_set1_epi32(load_i32(x + i * a.ldx + (kp + half) * 2));
-          for (int j = 0; j < NT; ++j) ia[i][j] = _mm512_dpwssd_epi32(ia[i][j], wv[j], xb);
+  for (int64_t kp = kb * 16; kp < kb * 16 + 16; kp += 2) {
+    __m256i raw[NT];
+    __m512i wv[NT];
+    for (int half = 0; half < 2; ++half) {
+      for (int j = 0; j < NT; ++j) {
+        if constexpr (BITS == 8) {
+          wv[j] = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(w + j * stride + (kp + half) * 32)));
+        } else {
+          if (half == 0) raw[j] = _mm256_loadu_si256((const __m256i*)(w + j * stride + kp * 16));
+          const __m256i nib = half == 0 ? raw[j] : _mm256_srli_epi16(raw[j], 4);
+          wv[j] = _mm512_cvtepu8_epi16(_mm256_and_si256(nib, low4));
         }
       }
-    }
-    for (int j = 0; j < NT; ++j) {
-      const __m512i dmv = _mm512_loadu_si512(dm + (j * KB + kb) * 32);
-      const __m512 d = _mm512_cvtph_ps(_mm512_castsi512_si256(dmv));
-      const __m512 m = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(dmv, 1));
       for (int i = 0; i < MT; ++i) {
-        const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(ia[i][j]), _mm512_set1_ps(xs[i * KB + kb]));
-        acc[i][j] = _mm512_fmadd_ps(d, f, acc[i][j]);
-        acc[i][j] = _mm512_fmadd_ps(m, _mm512_set1_ps(xsum[i * KB + kb]), acc[i][j]);
+        const __m512i xb = _mm512_set1_epi32(load_i32(x + i * ldx + (kp + half) * 2));
+        for (int j = 0; j < NT; ++j) ia[i][j] = _mm512_dpwssd_epi32(ia[i][j], wv[j], xb);
       }
     }
   }
-  store_tile<MT, NT>(a, acc, m0, nb0);
 }
 
 // The packing holds 16 columns x 2 inputs per 32 bytes (input pair p, then pair p + 1);
@@ -102,15 +73,31 @@ inline __m512i quad_codes(const uint8_t* column, int64_t kq, __m512i order) {
   return _mm512_permutexvar_epi16(order, halves);
 }
 
+// One block of 32 inputs, int8 activation codes: vpdpbusd (u8 weight codes x s8
+// activations), 64 products per instruction.
 template <int MT, int NT, int BITS>
-void tile_int8(const GemmArgs& a, int64_t m0, int64_t nb0) {  // int8 activation codes
+inline void block_int8(__m512i (&ia)[MT][NT], const uint8_t* w, int64_t stride, const int8_t* x, int64_t ldx,
+                       int64_t kb) {
+  const __m512i order = _mm512_load_si512(QUAD_ORDER);
+  for (int64_t kq = kb * 8; kq < kb * 8 + 8; ++kq) {
+    __m512i wv[NT];
+    for (int j = 0; j < NT; ++j) wv[j] = quad_codes<BITS>(w + j * stride, kq, order);
+    for (int i = 0; i < MT; ++i) {
+      const __m512i xb = _mm512_set1_epi32(load_i32(x + i * ldx + kq * 4));
+      for (int j = 0; j < NT; ++j) ia[i][j] = _mm512_dpbusd_epi32(ia[i][j], wv[j], xb);
+    }
+  }
+}
+
+// Rows [m0, m0 + MT) x column blocks [nb0, nb0 + NT): integer sums per block of 32 inputs
+// (block_int16 / block_int8, by a.act_bits), scaled into float32 per block.
+template <int MT, int NT, int BITS>
+void tile_int8(const GemmArgs& a, int64_t m0, int64_t nb0) {
   const int64_t K2 = a.K / 2, KB = a.K / 32, stride = column_stride<BITS>(K2);
-  const int8_t* x = (const int8_t*)a.x + m0 * a.ldx;
   const uint8_t* w = (const uint8_t*)a.w + nb0 * stride;
   const uint16_t* dm = a.dm + nb0 * KB * 32;
   const float* xs = a.xs + m0 * KB;
   const float* xsum = a.xsum + m0 * KB;
-  const __m512i order = _mm512_load_si512(QUAD_ORDER);
   constexpr int64_t block_bytes = BITS == 8 ? 512 : 256;
   __m512 acc[MT][NT];
   for (int i = 0; i < MT; ++i)
@@ -124,14 +111,10 @@ void tile_int8(const GemmArgs& a, int64_t m0, int64_t nb0) {  // int8 activation
     __m512i ia[MT][NT];
     for (int i = 0; i < MT; ++i)
       for (int j = 0; j < NT; ++j) ia[i][j] = _mm512_setzero_si512();
-    for (int64_t kq = kb * 8; kq < kb * 8 + 8; ++kq) {
-      __m512i wv[NT];
-      for (int j = 0; j < NT; ++j) wv[j] = quad_codes<BITS>(w + j * stride, kq, order);
-      for (int i = 0; i < MT; ++i) {
-        const __m512i xb = _mm512_set1_epi32(load_i32(x + i * a.ldx + kq * 4));
-        for (int j = 0; j < NT; ++j) ia[i][j] = _mm512_dpbusd_epi32(ia[i][j], wv[j], xb);
-      }
-    }
+    if (a.act_bits == 8)
+      block_int8<MT, NT, BITS>(ia, w, stride, (const int8_t*)a.x + m0 * a.ldx, a.ldx, kb);
+    else
+      block_int16<MT, NT, BITS>(ia, w, stride, (const int16_t*)a.x + m0 * a.ldx, a.ldx, kb);
     for (int j = 0; j < NT; ++j) {
       const __m512i dmv = _mm512_loadu_si512(dm + (j * KB + kb) * 32);
       const __m512 d = _mm512_cvtph_ps(_mm512_castsi512_si256(dmv));
@@ -146,20 +129,12 @@ void tile_int8(const GemmArgs& a, int64_t m0, int64_t nb0) {  // int8 activation
   store_tile<MT, NT>(a, acc, m0, nb0);
 }
 
-template <int MT, int NT, int BITS>
-inline void tile_any(const GemmArgs& a, int64_t m0, int64_t nb0) {
-  if (a.act_bits == 8)
-    tile_int8<MT, NT, BITS>(a, m0, nb0);
-  else
-    tile_int16<MT, NT, BITS>(a, m0, nb0);
-}
-
 template <int MT, int NTMAX, int BITS>
 void tile_int8_nt(const GemmArgs& a, int64_t m0, int64_t nb0, int64_t nt) {
-  if constexpr (NTMAX >= 4) { if (nt >= 4) return tile_any<MT, 4, BITS>(a, m0, nb0); }
-  if (nt >= 3) return tile_any<MT, 3, BITS>(a, m0, nb0);
-  if (nt == 2) return tile_any<MT, 2, BITS>(a, m0, nb0);
-  return tile_any<MT, 1, BITS>(a, m0, nb0);
+  if constexpr (NTMAX >= 4) { if (nt >= 4) return tile_int8<MT, 4, BITS>(a, m0, nb0); }
+  if (nt >= 3) return tile_int8<MT, 3, BITS>(a, m0, nb0);
+  if (nt == 2) return tile_int8<MT, 2, BITS>(a, m0, nb0);
+  return tile_int8<MT, 1, BITS>(a, m0, nb0);
 }
 
 template <int BITS>
@@ -190,40 +165,29 @@ void gemm_int8_blocks(const GemmArgs& a, int64_t nb_begin, int64_t nb_end) {
 
 namespace {
 
-void quantize_rows_int16(const void* x, int64_t ldx, int dtype, int64_t K, int16_t* q, float* scales, float* sums,
-                         int64_t m_begin, int64_t m_end) {
+// Rows to Code (int16_t or int8_t) codes per block of 32: scale = absmax / the largest code.
+template <typename Code>
+void quantize_rows(const void* x, int64_t ldx, int dtype, int64_t K, Code* q, float* scales, float* sums,
+                   int64_t m_begin, int64_t m_end) {
+  constexpr float levels = sizeof(Code) == 2 ? 32767.0f : 127.0f;
   const int64_t KB = K / 32;
   for (int64_t m = m_begin; m < m_end; ++m) {
     for (int64_t kb = 0; kb < KB; ++kb) {
       const __m512 v0 = load16(elem(x, m * ldx + kb * 32, dtype), dtype);
       const __m512 v1 = load16(elem(x, m * ldx + kb * 32 + 16, dtype), dtype);
       const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
-      const float d = amax / 32767.0f;
+      const float d = amax / levels;
       const __m512 id = _mm512_set1_ps(d > 0.0f ? 1.0f / d : 0.0f);
       const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, id));
       const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, id));
-      _mm256_storeu_si256((__m256i*)(q + m * K + kb * 32), _mm512_cvtsepi32_epi16(q0));
-      _mm256_storeu_si256((__m256i*)(q + m * K + kb * 32 + 16), _mm512_cvtsepi32_epi16(q1));
-      scales[m * KB + kb] = d;
-      sums[m * KB + kb] = d * (float)_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
-    }
-  }
-}
-
-void quantize_rows_int8(const void* x, int64_t ldx, int dtype, int64_t K, int8_t* q, float* scales, float* sums,
-                        int64_t m_begin, int64_t m_end) {
-  const int64_t KB = K / 32;
-  for (int64_t m = m_begin; m < m_end; ++m) {
-    for (int64_t kb = 0; kb < KB; ++kb) {
-      const __m512 v0 = load16(elem(x, m * ldx + kb * 32, dtype), dtype);
-      const __m512 v1 = load16(elem(x, m * ldx + kb * 32 + 16, dtype), dtype);
-      const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
-      const float d = amax / 127.0f;
-      const __m512 id = _mm512_set1_ps(d > 0.0f ? 1.0f / d : 0.0f);
-      const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, id));
-      const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, id));
-      _mm_storeu_si128((__m128i*)(q + m * K + kb * 32), _mm512_cvtsepi32_epi8(q0));
-      _mm_storeu_si128((__m128i*)(q + m * K + kb * 32 + 16), _mm512_cvtsepi32_epi8(q1));
+      Code* out = q + m * K + kb * 32;
+      if constexpr (sizeof(Code) == 2) {
+        _mm256_storeu_si256((__m256i*)out, _mm512_cvtsepi32_epi16(q0));
+        _mm256_storeu_si256((__m256i*)(out + 16), _mm512_cvtsepi32_epi16(q1));
+      } else {
+        _mm_storeu_si128((__m128i*)out, _mm512_cvtsepi32_epi8(q0));
+        _mm_storeu_si128((__m128i*)(out + 16), _mm512_cvtsepi32_epi8(q1));
+      }
       scales[m * KB + kb] = d;
       sums[m * KB + kb] = d * (float)_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
     }
@@ -237,9 +201,9 @@ const int ACTIVATION_BITS = 8;
 void quantize_activations(const void* x, int64_t ldx, int dtype, int64_t K, int bits, void* codes, float* scales,
                           float* sums, int64_t m_begin, int64_t m_end) {
   if (bits == 8)
-    quantize_rows_int8(x, ldx, dtype, K, (int8_t*)codes, scales, sums, m_begin, m_end);
+    quantize_rows(x, ldx, dtype, K, (int8_t*)codes, scales, sums, m_begin, m_end);
   else
-    quantize_rows_int16(x, ldx, dtype, K, (int16_t*)codes, scales, sums, m_begin, m_end);
+    quantize_rows(x, ldx, dtype, K, (int16_t*)codes, scales, sums, m_begin, m_end);
 }
 
 void unpack_bf16_blocks(const GemmArgs& a, int64_t nb_begin, int64_t nb_end) { unpack_bf16_rows(a, nb_begin, nb_end); }
