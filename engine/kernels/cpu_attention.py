@@ -122,10 +122,12 @@ def long_extend_eligible(kernels: ModuleType, q: torch.Tensor, k_cache: torch.Te
     )
 
 
-def long_extend(kernels: ModuleType, q, k_cache, v_cache, page_table, plan: LongExtend, scale) -> torch.Tensor:
+def long_extend(kernels: ModuleType, q, k_cache, v_cache, page_table, prefix_lens: torch.Tensor,
+                extend_lens: torch.Tensor, scale) -> torch.Tensor:  # fmt: skip
+    """The extend kernel over int32 [B] lengths (LongExtend's)."""
     if page_table.dtype != torch.int32:
         page_table = page_table.to(torch.int32)
-    return kernels.extend_attention(q, k_cache, v_cache, page_table, plan.prefix_lens, plan.extend_lens, scale)
+    return kernels.extend_attention(q, k_cache, v_cache, page_table, prefix_lens, extend_lens, scale)
 
 
 def extend_attention(kernels: ModuleType, q, k_cache, v_cache, page_table, prefix_lens, extend_lens,
@@ -135,6 +137,6 @@ def extend_attention(kernels: ModuleType, q, k_cache, v_cache, page_table, prefi
     if plan is not None and eligible(q, k_cache):
         return short_extend(kernels, q, k_cache, v_cache, plan, scale)
     if plan is None and page_table is not None and long_extend_eligible(kernels, q, k_cache):
-        lens = LongExtend(torch.tensor(prefix, dtype=torch.int32), torch.tensor(extend, dtype=torch.int32), lambda: None)
-        return long_extend(kernels, q, k_cache, v_cache, page_table, lens, scale)
+        return long_extend(kernels, q, k_cache, v_cache, page_table, torch.tensor(prefix, dtype=torch.int32),
+                           torch.tensor(extend, dtype=torch.int32), scale)
     return reference.extend_attention(q, k_cache, v_cache, page_table, prefix_lens, extend_lens, scale)

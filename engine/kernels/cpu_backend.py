@@ -78,7 +78,8 @@ class CpuKernelBackend(TorchBackend):
             return cpu_attention.short_extend(self.kernels, q, k_cache, v_cache, prepared, scale)
         if isinstance(prepared, cpu_attention.LongExtend):
             if cpu_attention.long_extend_eligible(self.kernels, q, k_cache):
-                return cpu_attention.long_extend(self.kernels, q, k_cache, v_cache, page_table, prepared, scale)
+                return cpu_attention.long_extend(self.kernels, q, k_cache, v_cache, page_table, prepared.prefix_lens,
+                                                 prepared.extend_lens, scale)
             prepared = prepared.fallback()
             if prepared is None:
                 return reference.extend_attention(q, k_cache, v_cache, page_table, prefix_lens, extend_lens, scale)

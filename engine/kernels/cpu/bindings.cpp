@@ -133,7 +133,7 @@ at::Tensor decode_attention(const KernelSet& k, const at::Tensor& q, const at::T
 
 // The new tokens of B sequences back to back in q [T, H, D]: sequence b's extend_lens[b]
 // rows see its prefix_lens[b] cached tokens and, causally, each other (their K/V already in
-// the pages). Tasks are (sequence, kv head, up to 32 rows), dealt so that both halves of
+// the pages). Tasks are (sequence, kv head, up to EXTEND_TASK_ROWS rows), dealt so that both halves of
 // the list (at::parallel_for's split) hold as much work: a late row sees more keys.
 at::Tensor extend_attention(const KernelSet& k, const at::Tensor& q, const at::Tensor& k_cache,
                             const at::Tensor& v_cache, const at::Tensor& page_table, const at::Tensor& prefix_lens,
@@ -165,11 +165,13 @@ at::Tensor extend_attention(const KernelSet& k, const at::Tensor& q, const at::T
     TORCH_CHECK(p[b] >= 0 && e[b] >= 0 && (p[b] + e[b] + S - 1) / S <= pt.size(1), "lengths out of range of the page table");
     start[b] = rows;
     rows += e[b];
-    for (int64_t r0 = 0; r0 < e[b]; r0 += 32)
+    for (int64_t r0 = 0; r0 < e[b]; r0 += EXTEND_TASK_ROWS) {
+      const int64_t r1 = std::min<int64_t>(r0 + EXTEND_TASK_ROWS, e[b]);
       for (int64_t h = 0; h < KVH; ++h) {
-        tasks.push_back({b, h, r0, std::min<int64_t>(r0 + 32, e[b])});
-        cost.push_back(p[b] + std::min<int64_t>(r0 + 32, e[b]));
+        tasks.push_back({b, h, r0, r1});
+        cost.push_back(p[b] + r1);  // keys its last row sees
       }
+    }
   }
   TORCH_CHECK(rows == T, "q has ", T, " rows, the extend lengths sum to ", rows);
   auto out = at::empty({T, H, D}, q.options());
@@ -186,7 +188,7 @@ at::Tensor extend_attention(const KernelSet& k, const at::Tensor& q, const at::T
                    p, start.data(), out.data_ptr(), H, KVH, D, S, (float)scale};
   const int64_t threads = at::get_num_threads();
   const int64_t per_thread = k.extend_attention_scratch(a);
-  std::vector<float> scratch(per_thread * threads + 16);
+  std::vector<float> scratch(per_thread * threads);
   at::parallel_for(0, (int64_t)dealt.size(), 1, [&](int64_t begin, int64_t end) {
     float* mine = scratch.data() + per_thread * std::min<int64_t>(at::get_thread_num(), threads - 1);
     for (int64_t i = begin; i < end; ++i) {

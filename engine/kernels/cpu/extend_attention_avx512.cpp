@@ -1,5 +1,5 @@
 // Paged extend (prompt) attention, bfloat16, with the queries in the vector lanes: a task is
-// one sequence, one kv head and up to 32 of its new tokens, for every query head of the
+// one sequence, one kv head and up to EXTEND_TASK_ROWS of its new tokens, for every query head of the
 // group. 16 query rows of one head share a vector:
 //  - scores: for each key, sum over the head's dimension pairs of (query pair j of 16 rows,
 //    transposed once per task) x (the key's pair j, broadcast from the page): vdpbf16ps,
@@ -170,7 +170,7 @@ void task(const ExtendAttnArgs& a, int64_t b, int64_t kvh, int64_t r0, int64_t r
 }  // namespace
 
 int64_t extend_attention_scratch(const ExtendAttnArgs& a) {
-  const int64_t G = a.H / a.KVH, groups = 2;  // up to 32 rows a task
+  const int64_t G = a.H / a.KVH, groups = EXTEND_TASK_ROWS / ROWS;
   return groups * G * (a.D / 2) * 16 + groups * G * a.D * 16 + groups * G * 32 + 8 * a.D + 8 * 16;
 }
 

@@ -1,13 +1,14 @@
 // int8-weight GEMM: u8 weight codes (8 bits, or a GGUF's 4 kept at 4) multiplied with
-// int8 activation codes by vpdpbusd (four products summed into each int32 lane), integer
-// sums per block of 32 inputs, scaled into float32 per block:
+// activation codes, integer sums per block of 32 inputs, scaled into float32 per block:
 //   sum_k w x = sum_blocks d * xs * sum(q * qx) + m * xs * sum(qx)
-// (w = d q + m per weight block, x = xs qx per activation block). Activations are
-// quantized per row and block of 32 to int8 (scale absmax / 127), as llama.cpp quantizes
-// them (Q8_1) against its 4-bit blocks: one vpdpbusd does 64 multiply-adds where the int16
-// path's vpdpwssd did 32, which is what prompts and batches of 8+ rows, bound by compute,
-// gain; benchmarks/results/int8_accuracy.md measures what it costs in accuracy. A decode
-// step still reads the weights once, at a byte (or half a byte) each.
+// (w = d q + m per weight block, x = xs qx per activation block). By default activations
+// are quantized per row and block of 32 to int16 (scale absmax / 32767: a relative error
+// near 1e-5, far below bfloat16's own rounding) and multiplied by vpdpwssd on the codes
+// widened to 16 bits. With --int8-activation-bits 8 (GemmArgs::act_bits) they are int8
+// (absmax / 127), as llama.cpp quantizes them (Q8_1) against its 4-bit blocks, and one
+// vpdpbusd does 64 multiply-adds where vpdpwssd does 32: prompts and batches of 8+ rows,
+// bound by compute, gain; benchmarks/results/int8_accuracy.md measures what it costs in
+// accuracy. A decode step reads the weights once, at a byte (or half a byte) each.
 #include "gemm_common.h"
 
 namespace preheat {

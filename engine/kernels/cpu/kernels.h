@@ -61,7 +61,8 @@ struct ExtendAttnArgs {
   float scale;
 };
 // One task: sequence b, kv head kvh (all its query heads), query rows [r0, r1) of b (at
-// most 32). Floats of scratch a task needs: extend_attention_scratch.
+// most EXTEND_TASK_ROWS). Floats of scratch a task needs: extend_attention_scratch.
+constexpr int64_t EXTEND_TASK_ROWS = 32;
 
 // ---- skinny GEMMs ---------------------------------------------------------------------
 // bf16: weights packed by linear.py (a permute): [ceil(N/16), K/2, 16, 2] bf16, K even, so
@@ -78,8 +79,9 @@ struct ExtendAttnArgs {
 // = 16 columns x 2 inputs, widened to vpdpwssd's / vpmaddwd's operand) or, when every code
 // fits in 4 bits, [ceil(N/16), K/4, 32] (two such steps per 32 bytes: low nibbles, high
 // nibbles); dm [ceil(N/16), K/32, 2, 16].
-// Activations are quantized per row and block of 32 to int8 (AVX-512 build: scale absmax / 127,
-// vpdpbusd) or int16 (AVX2 build: absmax / 32767); KernelSet::activation_bits says which.
+// Activations are quantized per row and block of 32 to int16 (scale absmax / 32767) or, at
+// act_bits 8, to int8 (absmax / 127, vpdpbusd; the AVX-512 build only: KernelSet::
+// activation_bits is the narrowest width a build runs).
 struct GemmArgs {
   const void* x;          // [M, K] activations (bf16 / float32 for those GEMMs, int8 / int16 codes for int8)
   int64_t ldx;
