@@ -153,9 +153,12 @@ def main() -> int:
         "",
         "Model: SmolLM2-135M-Instruct (the embedded Q4_1 GGUF). `int8` is `--quantization int8` with "
         "bfloat16 activations: the GGUF's Q4_1/Q8_0 blocks are read as they are (the bfloat16 rows read "
-        "them dequantised and rounded to bf16), activations are quantized to int16 per block of 32 "
-        "inside each matrix multiply; `8-bit activation codes` is `--int8-activation-bits 8`: int8 per "
-        "block of 32 (absmax / 127), as llama.cpp quantizes activations against its 4-bit blocks. Kernels: "
+        "them dequantised and rounded to bf16); in a multiply of fewer rows than the kernels' "
+        "`int8_bf16_panel_rows` (decode steps) activations are quantized to int16 per block of 32, from "
+        "that many (prompts, so the perplexity below) the blocks are dequantized to bf16 and multiplied as "
+        "the bfloat16 rows' weights are; `8-bit activation codes` is `--int8-activation-bits 8`: int8 per "
+        "block of 32 (absmax / 127) at every size, as llama.cpp quantizes activations against its 4-bit "
+        "blocks. Kernels: "
         + ", ".join(f"{k}: {v}" for k, v in backends.items()) + ". Written by `benchmarks/int8_accuracy.py`.",
         "",
         f"## Perplexity of a fixed text ({len(ids)} tokens, every position scored)",
@@ -181,11 +184,13 @@ def main() -> int:
         "then differ in wording for the rest of the answer, so whole-completion identity is a strict measure.",
         "",
         f"8-bit activation codes (`--int8-activation-bits 8`) on the same weights: perplexity "
-        f"{ppl('int8, 8-bit activation codes'):.3f} against {ppl('int8 (bf16 activations)'):.3f} with int16 codes "
+        f"{ppl('int8, 8-bit activation codes'):.3f} against {ppl('int8 (bf16 activations)'):.3f} with the default "
         f"({ppl('int8, 8-bit activation codes') / ppl('int8 (bf16 activations)') - 1:+.1%}), top-1 agreement with "
         f"float32 {top1('int8, 8-bit activation codes', 'float32'):.1%} against "
-        f"{top1('int8 (bf16 activations)', 'float32'):.1%}: the activations' rounding moves the model about as much "
-        "again as the weights' does, which is why 16 stays the default.",
+        f"{top1('int8 (bf16 activations)', 'float32'):.1%}, greedy completions identical to float32 "
+        f"{sum(a == b for a, b in zip(generated['int8, 8-bit activation codes'], generated['float32']))}/{len(PROMPTS)} "
+        f"against {sum(a == b for a, b in zip(generated['int8 (bf16 activations)'], generated['float32']))}/"
+        f"{len(PROMPTS)}: the activations' rounding moves the model further, which is why 16 stays the default.",
     ]
     text = "\n".join(lines) + "\n"
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -2,7 +2,12 @@
 GEMM (linear.py's `_dense_product`: the packed weight unpacked or dequantized for the call,
 then F.linear, which oneDNN runs on AMX-BF16 tiles where the CPU has them), per row count,
 one of SmolLM2-135M's MLP matrices (1536 x 576) and its down projection (576 x 1536), in one
-run, alternating. This is what sets cpu_ext.DENSE_PREFILL_ROWS.
+run, alternating. This is what sets cpu_ext.DENSE_PREFILL_ROWS. For int8 / 4-bit codes it
+also times the kernel's own paths side by side: its default (from the build's
+`int8_bf16_panel_rows` bf16 rows the codes are dequantized into a bf16 panel and multiplied
+by vdpbf16ps), the int16 activation codes at every size (`bf16_panel_rows=0`, the path
+before the panel) and 8-bit activation codes (`--int8-activation-bits 8`), which sets
+the panel's row count.
 
 Writes benchmarks/results/long_prompt_matmul.md.
 
@@ -46,7 +51,11 @@ def main() -> int:
         f"{torch.get_num_threads()} threads. bfloat16 activations; each cell the lower-quartile ms of 15 calls. "
         "`dense` = the packed weight unpacked (bf16) or dequantized (int8 / 4-bit codes) for the call, then "
         "F.linear; the engine switches at cpu_ext.DENSE_PREFILL_ROWS "
-        f"({cpu_ext.DENSE_PREFILL_ROWS}; in use here: {cpu_ext.dense_prefill_rows(flags, kernels.isa) or 'never'}).",
+        f"({cpu_ext.DENSE_PREFILL_ROWS}; in use here: {cpu_ext.dense_prefill_rows(flags, kernels.isa) or 'never'}). "
+        f"int8 / 4-bit `kernel` = the kernel's default: int16 activation codes, and from "
+        f"{getattr(kernels, 'int8_bf16_panel_rows', 0) or '(never, this build)'} rows the codes dequantized into a "
+        "bf16 panel per group of column blocks and multiplied by the bf16 GEMM; `int16 codes` = int16 activation "
+        "codes at every size (the panel off); `8-bit codes` = `--int8-activation-bits 8`.",
         "",
     ]
     g = torch.Generator().manual_seed(0)
@@ -59,13 +68,19 @@ def main() -> int:
                                     kernels),  # fmt: skip
             "int8": linear.prepare(q, None, torch.bfloat16, kernels),
         }
-        lines += [f"## {n} x {k}", "", "| rows | " + " | ".join(f"{kind} kernel | {kind} dense" for kind in packed) + " |",
-                  "| --- |" + " --- | --- |" * len(packed)]  # fmt: skip
+        int8_kinds = [kind for kind, w_ in packed.items() if w_.kind == "int8"]
+        header = ["bf16 kernel", "bf16 dense"]
+        for kind in int8_kinds:
+            header += [f"{kind} kernel", f"{kind} int16 codes", f"{kind} 8-bit codes", f"{kind} dense"]
+        lines += [f"## {n} x {k}", "", "| rows | " + " | ".join(header) + " |", "| --- |" + " --- |" * len(header)]
         for m in ROWS:
             x = torch.randn((m, k), generator=g).bfloat16()
             cells = []
             for w_ in packed.values():
                 cells.append(f"{best_ms(lambda x=x, w_=w_: linear.apply(x, w_)):.3f}")
+                if w_.kind == "int8":
+                    for bits, panel in ((16, 0), (8, -1)):
+                        cells.append(f"{best_ms(lambda x=x, w_=w_, b=bits, p=panel: kernels.linear_int8(x, w_.packed, w_.scales, w_.out_features, activation_bits=b, bf16_panel_rows=p)):.3f}")
                 cells.append(f"{best_ms(lambda x=x, w_=w_: linear._dense_product(x, w_, None)):.3f}")
             lines.append(f"| {m} | " + " | ".join(cells) + " |")
         lines.append("")

@@ -109,10 +109,16 @@ def quantize_activations(x: torch.Tensor, bits: int = 16) -> torch.Tensor:
 
 def reference_linear(
     x: torch.Tensor, weight_f32: torch.Tensor, bias: torch.Tensor | None = None, residual: torch.Tensor | None = None,
-    activation_bits: int = 16,
+    activation_bits: int = 16, bf16_panel_rows: int = 0,
 ) -> torch.Tensor:
-    """What the int8 kernel computes, with PyTorch ops: `weight_f32` is dequantize(qw)."""
-    y = torch.nn.functional.linear(quantize_activations(x, activation_bits), weight_f32)
+    """What the int8 kernel computes, with PyTorch ops: `weight_f32` is dequantize(qw).
+    `bf16_panel_rows`: the kernels' `int8_bf16_panel_rows` (0: none). From that many bfloat16
+    rows at 16-bit codes the kernel multiplies the rows as they are by the weights rounded to
+    bfloat16 (a prompt's path: vdpbf16ps over a dequantized panel)."""
+    if 0 < bf16_panel_rows <= x.shape[0] and x.dtype == torch.bfloat16 and activation_bits == 16:
+        y = torch.nn.functional.linear(x.to(torch.float32), weight_f32.to(torch.bfloat16).to(torch.float32))
+    else:
+        y = torch.nn.functional.linear(quantize_activations(x, activation_bits), weight_f32)
     if bias is not None:
         y = y + bias.to(torch.float32)
     y = y.to(x.dtype)

@@ -244,7 +244,9 @@ def test_packing_a_strided_weight_is_packing_its_contiguous_copy(n, dtype):
 
 @SETTINGS
 @given(
-    m=st.integers(1, 20),
+    # Up to 48 rows: decode-sized tiles, and the panels prompts' rows multiply (8-bit codes
+    # from 16 rows, bf16 rows at 16-bit codes from kernels.int8_bf16_panel_rows).
+    m=st.integers(1, 48),
     n=st.integers(1, 120),
     k=st.integers(1, 12).map(lambda x: 32 * x),
     dtype=DTYPES,
@@ -268,7 +270,8 @@ def test_int8_linear_matches_its_reference(m, n, k, dtype, bias, residual, four_
             kernels.linear_int8(x, codes, scales, n, b, r, bits)
         return
     y = kernels.linear_int8(x, codes, scales, n, b, r, bits)
-    expected = int8.reference_linear(x, int8.dequantize(qw), b, r, activation_bits=bits)
+    expected = int8.reference_linear(x, int8.dequantize(qw), b, r, activation_bits=bits,
+                                     bf16_panel_rows=kernels.int8_bf16_panel_rows)
     assert y.dtype == dtype
     # Same quantized products; only the order of the float32 sums differs.
     close(y, expected, dtype, scale=10 if dtype == torch.float32 else 1)
@@ -290,6 +293,32 @@ def test_int8_linear_reads_asymmetric_blocks_like_gguf_q4_1(kernels):
         for bits in set(kernels.int8_activation_bits_choices) - {16}:
             close(kernels.linear_int8(x, codes, scales, n, activation_bits=bits),
                   int8.reference_linear(x, int8.dequantize(qw), activation_bits=bits), torch.float32, 10)
+
+
+def test_int8_linear_multiplies_a_prompts_bf16_rows_by_bf16_weights(kernels):
+    """From int8_bf16_panel_rows bf16 rows (16-bit codes) the kernel dequantizes the codes to
+    bfloat16 and multiplies the rows as they are; fewer rows keep the integer products. The
+    weights here tell the two apart: w = 1 + 2^-9 is not a bfloat16 (it rounds to 1), so
+    sum(x w) over alternating +1 / -1 inputs is 16 * 2^-9 exactly with the codes and 0 with
+    the weights rounded."""
+    panel_rows = kernels.int8_bf16_panel_rows
+    if not panel_rows:
+        pytest.skip(f"the {kernels.isa} build has no bf16 panel")  # the AVX2 build: int16 codes at every size
+    n, k = 20, 32
+    qw = int8.QuantizedWeight(
+        (torch.arange(k) % 2 == 0).to(torch.uint8).repeat(n, 1),  # q = 1 on even inputs, 0 on odd
+        torch.full((n, 1), 2.0**-9).half(),
+        torch.ones((n, 1)).half(),
+    )
+    codes, scales = int8.pack(qw)
+    for rows in (panel_rows - 1, panel_rows, panel_rows + 7):
+        x = torch.tensor([1.0, -1.0] * (k // 2)).repeat(rows, 1).bfloat16()
+        y = kernels.linear_int8(x, codes, scales, n)
+        assert torch.equal(y, torch.full((rows, n), 0.0 if rows >= panel_rows else 2.0**-5).bfloat16()), rows
+        assert torch.equal(y, int8.reference_linear(x, int8.dequantize(qw), bf16_panel_rows=panel_rows))
+        # Turned off (a benchmark's side): the integer products at every size.
+        assert torch.equal(kernels.linear_int8(x, codes, scales, n, bf16_panel_rows=0),
+                           torch.full((rows, n), 2.0**-5).bfloat16())
 
 
 @SETTINGS

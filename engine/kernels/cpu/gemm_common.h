@@ -26,4 +26,13 @@ inline void store_tile(const GemmArgs& a, __m512 (&acc)[MT][NT], int64_t m0, int
 }
 
 }  // namespace
+
+namespace avx512 {
+// Column blocks per tile of the bf16 GEMM (as wide as the registers allow next to 6 rows).
+constexpr int64_t NT_BF16 = 4;
+// The bf16 GEMM's rows [0, a.M) x column blocks [nb0, nb0 + nt) (nt <= NT_BF16), the weights
+// read from `w` in the packed layout ([K/2, 16, 2] bf16 pairs per block): the int8 GEMM runs
+// it over a panel of dequantized codes (gemm_int8_avx512.cpp).
+void gemm_bf16_rows(const GemmArgs& a, const uint16_t* w, int64_t nb0, int64_t nt);
+}  // namespace avx512
 }  // namespace preheat

@@ -117,12 +117,21 @@ struct RopeKVArgs {
   int dtype;
 };
 
+#ifndef PREHEAT_INT8_BF16_ROWS
+#define PREHEAT_INT8_BF16_ROWS 32
+#endif
+
 // ---- the functions, once per instruction set ----------------------------------------
 namespace avx512 {
 #include "kernel_functions.h"
 // Extend attention (see ExtendAttnArgs): this build only.
 int64_t extend_attention_scratch(const ExtendAttnArgs& a);
 void extend_attention_task(const ExtendAttnArgs& a, int64_t b, int64_t kvh, int64_t r0, int64_t r1, float* scratch);
+// int8-weight GEMM of bf16 rows (a.x, not codes): each group of column blocks dequantized
+// into a bf16 panel, then the bf16 GEMM over it. This build only.
+void gemm_int8_bf16_blocks(const GemmArgs& a, int64_t nb_begin, int64_t nb_end);
+// Rows from which linear_int8 takes that path for bfloat16 rows at 16-bit activation codes.
+constexpr int64_t INT8_BF16_PANEL_ROWS = PREHEAT_INT8_BF16_ROWS;
 }  // namespace avx512
 namespace avx2 {
 #include "kernel_functions.h"
@@ -148,6 +157,8 @@ struct KernelSet {
   void (*dequantize_int8_blocks)(const GemmArgs&, int64_t, int64_t);
   int64_t (*extend_attention_scratch)(const ExtendAttnArgs&);  // null: not in this set
   void (*extend_attention_task)(const ExtendAttnArgs&, int64_t, int64_t, int64_t, int64_t, float*);
+  void (*gemm_int8_bf16_blocks)(const GemmArgs&, int64_t, int64_t);  // null: not in this set
+  int64_t int8_bf16_panel_rows;  // rows from which linear_int8 uses it (bf16 rows, 16-bit codes)
 };
 
 }  // namespace preheat
