@@ -3,7 +3,40 @@
 #include "avx512_common.h"
 
 namespace preheat {
+namespace avx512 {
+
+// The next group of column blocks' bytes, fetched toward L2 a few lines per inner step
+// while this group computes. A group's first tile of rows streams its weights from memory
+// and the other row tiles run from cache, leaving the memory idle: without this, a decode
+// step's multiplies took about the time of the memory plus that of the arithmetic
+// (measured: 4-bit codes at 8 rows, 30 layers cold 4.35 ms against 2.54 hot).
+struct Ahead {
+  const char* next = nullptr;
+  int64_t bytes = 0;     // left to fetch
+  int64_t per_step = 0;  // bytes a step() asks for
+  void step() {
+    const int64_t n = per_step < bytes ? per_step : bytes;
+    for (int64_t off = 0; off < n; off += 64) _mm_prefetch(next + off, _MM_HINT_T1);
+    next += n;
+    bytes -= n;
+  }
+};
+
+// `bytes` from `p` spread over `steps` calls of step() (nothing when p is null).
+inline Ahead ahead_over(const void* p, int64_t bytes, int64_t steps) {
+  Ahead a;
+  if (p != nullptr && bytes > 0 && steps > 0) {
+    a.next = (const char*)p;
+    a.bytes = bytes;
+    a.per_step = ((bytes + steps - 1) / steps + 63) / 64 * 64;
+  }
+  return a;
+}
+
+}  // namespace avx512
+
 namespace {
+
 
 // Stores accumulator rows [m0, m0 + MT) x column blocks [nb0, nb0 + NT) with bias and residual.
 template <int MT, int NT>
@@ -33,6 +66,7 @@ constexpr int64_t NT_BF16 = 4;
 // The bf16 GEMM's rows [0, a.M) x column blocks [nb0, nb0 + nt) (nt <= NT_BF16), the weights
 // read from `w` in the packed layout ([K/2, 16, 2] bf16 pairs per block): the int8 GEMM runs
 // it over a panel of dequantized codes (gemm_int8_avx512.cpp).
-void gemm_bf16_rows(const GemmArgs& a, const uint16_t* w, int64_t nb0, int64_t nt);
+// `ahead`: bytes to fetch meanwhile (the next group's), or null.
+void gemm_bf16_rows(const GemmArgs& a, const uint16_t* w, int64_t nb0, int64_t nt, Ahead* ahead);
 }  // namespace avx512
 }  // namespace preheat

@@ -114,8 +114,9 @@ inline void block_int8(__m512i (&ia)[MT][NT], const uint8_t* w, int64_t stride, 
 // Rows [m0, m0 + MT) x column blocks [nb0, nb0 + NT): integer sums per block of 32 inputs
 // (block_int16 / block_int8, by a.act_bits), scaled into float32 per block.
 // `w`: the codes of column block nb0 (in the packing, or the panel when BITS is EXPANDED).
+// `ahead`: the next group's codes and scales, fetched meanwhile (see Ahead).
 template <int MT, int NT, int BITS>
-void tile_int8(const GemmArgs& a, const uint8_t* w, int64_t m0, int64_t nb0) {
+void tile_int8(const GemmArgs& a, const uint8_t* w, int64_t m0, int64_t nb0, Ahead (&ahead)[2]) {
   const int64_t K2 = a.K / 2, KB = a.K / 32;
   const int64_t stride = BITS == EXPANDED ? panel_stride(K2) : column_stride<BITS>(K2);
   const uint16_t* dm = a.dm + nb0 * KB * 32;
@@ -126,6 +127,8 @@ void tile_int8(const GemmArgs& a, const uint8_t* w, int64_t m0, int64_t nb0) {
   for (int i = 0; i < MT; ++i)
     for (int j = 0; j < NT; ++j) acc[i][j] = _mm512_setzero_ps();
   for (int64_t kb = 0; kb < KB; ++kb) {
+    ahead[0].step();
+    ahead[1].step();
     // Each column block is its own stream: ask for its lines early (a panel is in cache).
     if constexpr (BITS != EXPANDED) {
       for (int j = 0; j < NT; ++j) {
@@ -155,24 +158,34 @@ void tile_int8(const GemmArgs& a, const uint8_t* w, int64_t m0, int64_t nb0) {
 }
 
 template <int MT, int NTMAX, int BITS>
-void tile_int8_nt(const GemmArgs& a, const uint8_t* w, int64_t m0, int64_t nb0, int64_t nt) {
-  if constexpr (NTMAX >= 4) { if (nt >= 4) return tile_int8<MT, 4, BITS>(a, w, m0, nb0); }
-  if constexpr (NTMAX >= 3) { if (nt >= 3) return tile_int8<MT, 3, BITS>(a, w, m0, nb0); }
-  if (nt >= 2) return tile_int8<MT, 2, BITS>(a, w, m0, nb0);
-  return tile_int8<MT, 1, BITS>(a, w, m0, nb0);
+void tile_int8_nt(const GemmArgs& a, const uint8_t* w, int64_t m0, int64_t nb0, int64_t nt, Ahead (&ahead)[2]) {
+  if constexpr (NTMAX >= 4) { if (nt >= 4) return tile_int8<MT, 4, BITS>(a, w, m0, nb0, ahead); }
+  if constexpr (NTMAX >= 3) { if (nt >= 3) return tile_int8<MT, 3, BITS>(a, w, m0, nb0, ahead); }
+  if (nt >= 2) return tile_int8<MT, 2, BITS>(a, w, m0, nb0, ahead);
+  return tile_int8<MT, 1, BITS>(a, w, m0, nb0, ahead);
 }
 
 // Rows [0, M) x column blocks [nb, nb + nt), read from `w` (the packing, or a panel).
 template <int BITS>
-void rows_int8(const GemmArgs& a, const uint8_t* w, int64_t nb, int64_t nt, int64_t mt) {
+void rows_int8(const GemmArgs& a, const uint8_t* w, int64_t nb, int64_t nt, int64_t mt, Ahead (&ahead)[2]) {
   for (int64_t m0 = 0; m0 < a.M; m0 += mt) {
     switch (imin(mt, a.M - m0)) {
-      case 4: tile_int8_nt<4, 3, BITS>(a, w, m0, nb, nt); break;
-      case 3: tile_int8_nt<3, 4, BITS>(a, w, m0, nb, nt); break;
-      case 2: tile_int8_nt<2, 4, BITS>(a, w, m0, nb, nt); break;
-      default: tile_int8_nt<1, 4, BITS>(a, w, m0, nb, nt); break;
+      case 4: tile_int8_nt<4, 3, BITS>(a, w, m0, nb, nt, ahead); break;
+      case 3: tile_int8_nt<3, 4, BITS>(a, w, m0, nb, nt, ahead); break;
+      case 2: tile_int8_nt<2, 4, BITS>(a, w, m0, nb, nt, ahead); break;
+      default: tile_int8_nt<1, 4, BITS>(a, w, m0, nb, nt, ahead); break;
     }
   }
+}
+
+// The codes and scales of the group of column blocks after [nb, nb + group) (up to nb_end),
+// spread over `steps` inner steps.
+template <int BITS>
+void ahead_of_next(const GemmArgs& a, int64_t nb, int64_t group, int64_t nb_end, int64_t steps, Ahead (&ahead)[2]) {
+  const int64_t next = imin(group, nb_end - nb - group), K2 = a.K / 2, KB = a.K / 32;
+  const int64_t stride = column_stride<BITS>(K2);
+  ahead[0] = ahead_over(next > 0 ? (const uint8_t*)a.w + (nb + group) * stride : nullptr, next * stride, steps);
+  ahead[1] = ahead_over(next > 0 ? a.dm + (nb + group) * KB * 32 : nullptr, next * KB * 64, steps);
 }
 
 // Column blocks [nb0, nb0 + nt) of the packed codes, expanded into `panel` (see EXPANDED).
@@ -239,28 +252,36 @@ template <int BITS>
 void gemm_int8_bits(const GemmArgs& a, int64_t nb_begin, int64_t nb_end) {
   const int64_t mt = row_tile(a.M, 4);
   const int64_t ntmax = mt <= 3 ? 4 : 3;  // column tiles as wide as the registers allow
-  const int64_t K2 = a.K / 2;
+  const int64_t K2 = a.K / 2, steps = (a.M + mt - 1) / mt * (a.K / 32);  // inner steps per group
   if (a.act_bits == 8 && a.M >= PANEL_ROWS) {
     uint8_t* panel = (uint8_t*)thread_panel(ntmax * panel_stride(K2));
     for (int64_t nb = nb_begin; nb < nb_end; nb += ntmax) {
       const int64_t nt = imin(ntmax, nb_end - nb);
       expand_panel<BITS>(a, nb, nt, panel);
-      rows_int8<EXPANDED>(a, panel, nb, nt, mt);
+      Ahead ahead[2];
+      ahead_of_next<BITS>(a, nb, ntmax, nb_end, steps, ahead);
+      rows_int8<EXPANDED>(a, panel, nb, nt, mt, ahead);
     }
     return;
   }
   const uint8_t* w = (const uint8_t*)a.w;
-  for (int64_t nb = nb_begin; nb < nb_end; nb += ntmax)
-    rows_int8<BITS>(a, w + nb * column_stride<BITS>(K2), nb, imin(ntmax, nb_end - nb), mt);
+  for (int64_t nb = nb_begin; nb < nb_end; nb += ntmax) {
+    Ahead ahead[2];
+    ahead_of_next<BITS>(a, nb, ntmax, nb_end, steps, ahead);
+    rows_int8<BITS>(a, w + nb * column_stride<BITS>(K2), nb, imin(ntmax, nb_end - nb), mt, ahead);
+  }
 }
 
 template <int BITS>
 void gemm_int8_bf16_bits(const GemmArgs& a, int64_t nb_begin, int64_t nb_end) {
   uint16_t* panel = (uint16_t*)thread_panel(NT_BF16 * (a.K / 2) * 64);
+  const int64_t mt = row_tile(a.M, 6), steps = (a.M + mt - 1) / mt * ((a.K / 2 + 15) / 16);
   for (int64_t nb = nb_begin; nb < nb_end; nb += NT_BF16) {
     const int64_t nt = imin(NT_BF16, nb_end - nb);
     dequantize_panel<BITS>(a, nb, nt, panel);
-    gemm_bf16_rows(a, panel, nb, nt);
+    Ahead ahead[2];
+    ahead_of_next<BITS>(a, nb, NT_BF16, nb_end, steps, ahead);
+    gemm_bf16_rows(a, panel, nb, nt, &ahead[0]);  // the scales are a fifth of the bytes: left to the hardware
   }
 }
 
