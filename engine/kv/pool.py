@@ -79,7 +79,12 @@ class KVPool:
             return None
         if n == 0:
             return []
-        pages = self._free[-n:]
+        # The free list's tail holds its lowest pages, highest first: reversed, a sequence's
+        # pages ascend in memory, the direction the CPU's prefetchers follow from one page to
+        # the next. Measured (AMD EPYC, 2 threads, 30 layers' pages from memory): the CPU
+        # decode kernel over 8 / 16 contexts of 290 tokens took 1.33x / 1.29x the time on
+        # the same pages in descending order, which is how prompts' pages came out before.
+        pages = self._free[-n:][::-1]
         del self._free[-n:]
         self._free_set.difference_update(pages)
         return pages

@@ -77,6 +77,18 @@ def test_a_fresh_pool_fills_from_the_front() -> None:
     assert sorted(pool.alloc(2) or []) == [2, 3]
 
 
+def test_a_sequences_pages_ascend_in_memory() -> None:
+    """The CPU's prefetchers follow ascending addresses from page to page: one allocation's
+    pages come in ascending order, also once freed pages are handed out again."""
+    pool = make_pool(num_pages=17)
+    first = pool.alloc(5)
+    assert first == [1, 2, 3, 4, 5]
+    assert pool.alloc(3) == [6, 7, 8]
+    pool.free(first)
+    assert pool.alloc(4) == [1, 2, 3, 4]
+    assert pool.alloc(3) == [5, 9, 10]
+
+
 def test_alloc_returns_none_when_short_and_takes_nothing() -> None:
     pool = make_pool(num_pages=5)
     assert pool.alloc(3) is not None
