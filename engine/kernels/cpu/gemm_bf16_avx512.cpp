@@ -39,8 +39,6 @@ void tile_bf16_nt(const GemmArgs& a, const uint16_t* w, int64_t m0, int64_t nb0,
   }
 }
 
-constexpr int64_t MT_BF16 = 6;
-
 }  // namespace
 
 void gemm_bf16_rows(const GemmArgs& a, const uint16_t* w, int64_t nb0, int64_t nt, Ahead* ahead) {

@@ -61,8 +61,8 @@ inline void store_tile(const GemmArgs& a, __m512 (&acc)[MT][NT], int64_t m0, int
 }  // namespace
 
 namespace avx512 {
-// Column blocks per tile of the bf16 GEMM (as wide as the registers allow next to 6 rows).
-constexpr int64_t NT_BF16 = 4;
+// Rows and column blocks per tile of the bf16 GEMM (as many as the registers hold).
+constexpr int64_t MT_BF16 = 6, NT_BF16 = 4;
 // The bf16 GEMM's rows [0, a.M) x column blocks [nb0, nb0 + nt) (nt <= NT_BF16), the weights
 // read from `w` in the packed layout ([K/2, 16, 2] bf16 pairs per block): the int8 GEMM runs
 // it over a panel of dequantized codes (gemm_int8_avx512.cpp).

@@ -8,7 +8,9 @@
 // (absmax / 127), as llama.cpp quantizes them (Q8_1) against its 4-bit blocks, and one
 // vpdpbusd does 64 multiply-adds where vpdpwssd does 32: prompts and batches of 8+ rows,
 // bound by compute, gain; benchmarks/results/int8_accuracy.md measures what it costs in
-// accuracy. A decode step reads the weights once, at a byte (or half a byte) each.
+// accuracy. A decode step reads the weights once, at a byte (or half a byte) each. A
+// prompt's bf16 rows at int16 codes take another way (gemm_int8_bf16_blocks): the codes
+// dequantized into a bf16 panel and the bf16 GEMM over it, as fast as vdpbf16ps runs.
 #include "gemm_common.h"
 
 #include <vector>
@@ -275,7 +277,7 @@ void gemm_int8_bits(const GemmArgs& a, int64_t nb_begin, int64_t nb_end) {
 template <int BITS>
 void gemm_int8_bf16_bits(const GemmArgs& a, int64_t nb_begin, int64_t nb_end) {
   uint16_t* panel = (uint16_t*)thread_panel(NT_BF16 * (a.K / 2) * 64);
-  const int64_t mt = row_tile(a.M, 6), steps = (a.M + mt - 1) / mt * ((a.K / 2 + 15) / 16);
+  const int64_t mt = row_tile(a.M, MT_BF16), steps = (a.M + mt - 1) / mt * ((a.K / 2 + 15) / 16);
   for (int64_t nb = nb_begin; nb < nb_end; nb += NT_BF16) {
     const int64_t nt = imin(NT_BF16, nb_end - nb);
     dequantize_panel<BITS>(a, nb, nt, panel);
