@@ -65,6 +65,17 @@ int kv_dtype_code(const at::Tensor& cache, const at::Tensor& q) {
   return 0;
 }
 
+// at::parallel_for over tasks [0, n), one at a time, each of torch's threads handed its own
+// `per_thread` floats of scratch: f(begin, end, scratch).
+template <typename F>
+void parallel_with_scratch(int64_t n, int64_t per_thread, F&& f) {
+  const int64_t threads = at::get_num_threads();
+  std::vector<float> scratch(per_thread * threads);
+  at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
+    f(begin, end, scratch.data() + per_thread * std::min<int64_t>(at::get_thread_num(), threads - 1));
+  });
+}
+
 at::Tensor decode_attention(const KernelSet& k, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                             const at::Tensor& page_table, const at::Tensor& seq_lens, double scale,
                             double k_scale, double v_scale) {
@@ -118,10 +129,7 @@ at::Tensor decode_attention(const KernelSet& k, const at::Tensor& q, const at::T
                    k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), pt.data_ptr<int32_t>(), pt.stride(0),
                    len, out.data_ptr(), partial.data(), B, H, KVH, D, S, chunk,
                    (float)(scale * k_scale * fp8_mult), dtype_code(q), kv_dtype, (float)(v_scale * fp8_mult)};
-  const int64_t per_thread = k.decode_attention_scratch(a);
-  std::vector<float> scratch(per_thread * threads);
-  at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
-    float* mine = scratch.data() + per_thread * std::min<int64_t>(at::get_thread_num(), threads - 1);
+  parallel_with_scratch(tasks, k.decode_attention_scratch(a), [&](int64_t begin, int64_t end, float* mine) {
     k.decode_attention_tasks(a, task_b.data(), task_chunk.data(), num_chunks.data(), mine, begin, end);
   });
   if (tasks > B) {
@@ -187,11 +195,8 @@ at::Tensor extend_attention(const KernelSet& k, const at::Tensor& q, const at::T
   ExtendAttnArgs a{q.data_ptr(), q.stride(0), q.stride(1), k_cache.data_ptr(), v_cache.data_ptr(),
                    k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), pt.data_ptr<int32_t>(), pt.stride(0),
                    p, start.data(), out.data_ptr(), H, KVH, D, S, (float)scale};
-  const int64_t threads = at::get_num_threads();
-  const int64_t per_thread = k.extend_attention_scratch(a);
-  std::vector<float> scratch(per_thread * threads);
-  at::parallel_for(0, (int64_t)dealt.size(), 1, [&](int64_t begin, int64_t end) {
-    float* mine = scratch.data() + per_thread * std::min<int64_t>(at::get_thread_num(), threads - 1);
+  parallel_with_scratch((int64_t)dealt.size(), k.extend_attention_scratch(a), [&](int64_t begin, int64_t end,
+                                                                                    float* mine) {
     for (int64_t i = begin; i < end; ++i) {
       const auto& t = tasks[dealt[i]];
       k.extend_attention_task(a, t[0], t[1], t[2], t[3], mine);
@@ -298,20 +303,21 @@ at::Tensor linear_int8(const KernelSet& k, const at::Tensor& x, const at::Tensor
   const auto [bits, codes_k] = packed_codes(codes, dm, N, "linear_int8");
   TORCH_CHECK(codes_k == K, "int8 weight codes do not match x");
   const int dt = dtype_code(x);
+  GemmArgs a{};
+  a.w = codes.data_ptr();
+  a.dm = (const uint16_t*)dm.data_ptr();
+  a.K = K;
+  a.code_bits = bits;
+  a.act_bits = (int)activation_bits;
+  auto y = make_output(x, N, bias, residual, a);
+  if (M == 0) return y;
   const int64_t panel_rows = bf16_panel_rows < 0 ? k.int8_bf16_panel_rows : bf16_panel_rows;
   if (activation_bits == 16 && dt == 1 && k.gemm_int8_bf16_blocks != nullptr && panel_rows > 0 && M >= panel_rows) {
     // A prompt's bf16 rows: the codes dequantized into a bf16 panel per group of column
     // blocks, multiplied by the bf16 GEMM: 0.73-0.84x the time of the int16 products at 64+
     // rows, 0.9-0.94x at 32 (benchmarks/results/long_prompt_matmul.md).
-    GemmArgs a{};
     a.x = x.data_ptr();
     a.ldx = x.stride(0);
-    a.w = codes.data_ptr();
-    a.dm = (const uint16_t*)dm.data_ptr();
-    a.K = K;
-    a.code_bits = bits;
-    a.act_bits = 16;
-    auto y = make_output(x, N, bias, residual, a);
     over_column_blocks(N, [&](int64_t b, int64_t e) { k.gemm_int8_bf16_blocks(a, b, e); });
     return y;
   }
@@ -322,18 +328,10 @@ at::Tensor linear_int8(const KernelSet& k, const at::Tensor& x, const at::Tensor
     k.quantize_activations(x.data_ptr(), x.stride(0), dt, K, (int)activation_bits, xq.data_ptr(), xs.data_ptr<float>(),
                            xsum.data_ptr<float>(), b, e);
   });
-  GemmArgs a{};
   a.x = xq.data_ptr();
   a.ldx = K;
-  a.w = codes.data_ptr();
-  a.dm = (const uint16_t*)dm.data_ptr();
   a.xs = xs.data_ptr<float>();
   a.xsum = xsum.data_ptr<float>();
-  a.K = K;
-  a.code_bits = bits;
-  a.act_bits = (int)activation_bits;
-  auto y = make_output(x, N, bias, residual, a);
-  if (M == 0) return y;
   over_column_blocks(N, [&](int64_t b, int64_t e) { k.gemm_int8_blocks(a, b, e); });
   return y;
 }

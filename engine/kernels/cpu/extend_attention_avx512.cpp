@@ -26,18 +26,30 @@ struct ExtendScratch {
   float* pp;   // [8][16] probability pairs of 16 rows
 };
 
+// Offsets (floats) of ExtendScratch's parts for `groups` vectors of rows, and their total:
+// the one layout both the task and extend_attention_scratch read.
+struct ExtendLayout {
+  int64_t qt, ot, ml, vp, pp, total;
+};
+inline ExtendLayout extend_layout(int64_t groups, int64_t G, int64_t D) {
+  ExtendLayout l;
+  l.qt = 0;
+  l.ot = l.qt + groups * G * (D / 2) * 16;
+  l.ml = l.ot + groups * G * D * 16;
+  l.vp = l.ml + groups * G * 2 * 16;
+  l.pp = l.vp + 8 * D;
+  l.total = l.pp + 8 * 16;
+  return l;
+}
+
 template <int D>
 void task(const ExtendAttnArgs& a, int64_t b, int64_t kvh, int64_t r0, int64_t r1, float* scratch) {
   constexpr int64_t DP = D / 2;
   const int64_t G = a.H / a.KVH, rows = r1 - r0, groups = (rows + ROWS - 1) / ROWS;
   const int64_t prefix = a.prefix_lens[b], last_key = prefix + r1;  // keys [0, last_key)
   const int32_t* pages = a.page_table + b * a.pt_stride;
-  ExtendScratch sc;
-  sc.qt = scratch;
-  sc.ot = sc.qt + groups * G * DP * 16;
-  sc.ml = sc.ot + groups * G * D * 16;
-  sc.vp = sc.ml + groups * G * 2 * 16;
-  sc.pp = sc.vp + 8 * D;
+  const ExtendLayout l = extend_layout(groups, G, D);
+  const ExtendScratch sc{scratch + l.qt, scratch + l.ot, scratch + l.ml, scratch + l.vp, scratch + l.pp};
   // Queries transposed: lane r of qt[grp][g][j] = pair j of row r0 + grp * 16 + r, head g.
   const uint32_t* q = (const uint32_t*)a.q;
   for (int64_t grp = 0; grp < groups; ++grp) {
@@ -170,8 +182,7 @@ void task(const ExtendAttnArgs& a, int64_t b, int64_t kvh, int64_t r0, int64_t r
 }  // namespace
 
 int64_t extend_attention_scratch(const ExtendAttnArgs& a) {
-  const int64_t G = a.H / a.KVH, groups = EXTEND_TASK_ROWS / ROWS;
-  return groups * G * (a.D / 2) * 16 + groups * G * a.D * 16 + groups * G * 32 + 8 * a.D + 8 * 16;
+  return extend_layout(EXTEND_TASK_ROWS / ROWS, a.H / a.KVH, a.D).total;
 }
 
 void extend_attention_task(const ExtendAttnArgs& a, int64_t b, int64_t kvh, int64_t r0, int64_t r1, float* scratch) {

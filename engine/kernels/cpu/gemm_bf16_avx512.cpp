@@ -59,12 +59,12 @@ void gemm_bf16_rows(const GemmArgs& a, const uint16_t* w, int64_t nb0, int64_t n
 
 void gemm_bf16_blocks(const GemmArgs& a, int64_t nb_begin, int64_t nb_end) {
   const uint16_t* w = (const uint16_t*)a.w;
-  const int64_t K2 = a.K / 2, block = K2 * 32;  // bf16 values per column block
-  const int64_t tiles = (a.M + row_tile(a.M, MT_BF16) - 1) / row_tile(a.M, MT_BF16), steps = tiles * ((K2 + 15) / 16);
+  const int64_t block = a.K / 2 * 32;  // bf16 values per column block
   // Up to 2 tiles of rows the products take less time than their weights' bytes and the
   // hardware's prefetchers keep the long streams of bf16 pairs coming: fetching the next
   // group as well measured 1.1x slower at 1 row, no faster at 8, 0.7-0.8x the time at 16.
-  const bool fetch_next = tiles >= 3;
+  const bool fetch_next = bf16_row_tiles(a) >= 3;
+  const int64_t steps = bf16_rows_steps(a);
   for (int64_t nb = nb_begin; nb < nb_end; nb += NT_BF16) {
     const int64_t next = fetch_next ? imin(NT_BF16, nb_end - nb - NT_BF16) : 0;  // blocks in the next group
     Ahead ahead = ahead_over(next > 0 ? w + (nb + NT_BF16) * block : nullptr, next * block * 2, steps);

@@ -37,7 +37,6 @@ inline Ahead ahead_over(const void* p, int64_t bytes, int64_t steps) {
 
 namespace {
 
-
 // Stores accumulator rows [m0, m0 + MT) x column blocks [nb0, nb0 + NT) with bias and residual.
 template <int MT, int NT>
 inline void store_tile(const GemmArgs& a, __m512 (&acc)[MT][NT], int64_t m0, int64_t nb0) {
@@ -66,7 +65,10 @@ constexpr int64_t MT_BF16 = 6, NT_BF16 = 4;
 // The bf16 GEMM's rows [0, a.M) x column blocks [nb0, nb0 + nt) (nt <= NT_BF16), the weights
 // read from `w` in the packed layout ([K/2, 16, 2] bf16 pairs per block): the int8 GEMM runs
 // it over a panel of dequantized codes (gemm_int8_avx512.cpp).
-// `ahead`: bytes to fetch meanwhile (the next group's), or null.
+// `ahead`: bytes to fetch meanwhile (the next group's), or null; it steps once per 16
+// input pairs of every tile of rows, bf16_rows_steps(a) times in all.
 void gemm_bf16_rows(const GemmArgs& a, const uint16_t* w, int64_t nb0, int64_t nt, Ahead* ahead);
+inline int64_t bf16_row_tiles(const GemmArgs& a) { return (a.M + row_tile(a.M, MT_BF16) - 1) / row_tile(a.M, MT_BF16); }
+inline int64_t bf16_rows_steps(const GemmArgs& a) { return bf16_row_tiles(a) * ((a.K / 2 + 15) / 16); }
 }  // namespace avx512
 }  // namespace preheat

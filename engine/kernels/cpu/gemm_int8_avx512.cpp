@@ -277,7 +277,7 @@ void gemm_int8_bits(const GemmArgs& a, int64_t nb_begin, int64_t nb_end) {
 template <int BITS>
 void gemm_int8_bf16_bits(const GemmArgs& a, int64_t nb_begin, int64_t nb_end) {
   uint16_t* panel = (uint16_t*)thread_panel(NT_BF16 * (a.K / 2) * 64);
-  const int64_t mt = row_tile(a.M, MT_BF16), steps = (a.M + mt - 1) / mt * ((a.K / 2 + 15) / 16);
+  const int64_t steps = bf16_rows_steps(a);
   for (int64_t nb = nb_begin; nb < nb_end; nb += NT_BF16) {
     const int64_t nt = imin(NT_BF16, nb_end - nb);
     dequantize_panel<BITS>(a, nb, nt, panel);

@@ -117,10 +117,6 @@ struct RopeKVArgs {
   int dtype;
 };
 
-#ifndef PREHEAT_INT8_BF16_ROWS
-#define PREHEAT_INT8_BF16_ROWS 32
-#endif
-
 // ---- the functions, once per instruction set ----------------------------------------
 namespace avx512 {
 #include "kernel_functions.h"
@@ -130,8 +126,10 @@ void extend_attention_task(const ExtendAttnArgs& a, int64_t b, int64_t kvh, int6
 // int8-weight GEMM of bf16 rows (a.x, not codes): each group of column blocks dequantized
 // into a bf16 panel, then the bf16 GEMM over it. This build only.
 void gemm_int8_bf16_blocks(const GemmArgs& a, int64_t nb_begin, int64_t nb_end);
-// Rows from which linear_int8 takes that path for bfloat16 rows at 16-bit activation codes.
-constexpr int64_t INT8_BF16_PANEL_ROWS = PREHEAT_INT8_BF16_ROWS;
+// Rows from which linear_int8 takes that path for bfloat16 rows at 16-bit activation codes
+// (benchmarks/results/long_prompt_matmul.md: 0.9-0.94x the int16 products' time at 32 rows;
+// at 16 the panel did not pay).
+constexpr int64_t INT8_BF16_PANEL_ROWS = 32;
 }  // namespace avx512
 namespace avx2 {
 #include "kernel_functions.h"
