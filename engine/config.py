@@ -116,7 +116,8 @@ class CacheSettings:
     page_size: int = _opt("Tokens per KV page.", 16, min=1, max=1024)
     mem_fraction_static: float | None = _opt(
         "Fraction of free device memory for the KV pool (default 0.85 on GPU, 0.10 of "
-        "available RAM on CPU).",
+        "available RAM on CPU: the node's MemAvailable, at most what the container's "
+        "memory limit leaves).",
         None,
         min_excl=0.0,
         max=1.0,

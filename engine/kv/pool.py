@@ -143,17 +143,57 @@ def zeroed(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> 
 
 
 def available_memory_bytes(device: torch.device) -> int:
+    """Free memory the pool may take. On the CPU: the node's MemAvailable, but no more than
+    the container's memory limit leaves (`cgroup_headroom_bytes`): in a pod /proc/meminfo
+    is the node's, and a pool sized from it outgrows a smaller limit, which first touch
+    hides until load brings the OOM kill."""
     if device.type == "cuda":
         free, _total = torch.cuda.mem_get_info(device)
         return int(free)
+    available = None
     try:
         with open("/proc/meminfo") as f:
             for line in f:
                 if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+                    available = int(line.split()[1]) * 1024
+                    break
     except OSError:
         pass
-    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"))
+    if available is None:
+        available = int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"))
+    headroom = cgroup_headroom_bytes()
+    return available if headroom is None else min(available, headroom)
+
+
+# (limit, usage) files of this process's memory cgroup: v2, then v1. In a container the
+# cgroup namespace puts its own cgroup at the mount's root.
+CGROUP_MEMORY_FILES = (
+    ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+    ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),
+)
+
+
+def cgroup_headroom_bytes(files: tuple[tuple[str, str], ...] = CGROUP_MEMORY_FILES) -> int | None:
+    """The memory cgroup's limit minus what it uses now, or None without a limit (v2 "max",
+    v1's near-2^63 "unlimited", no cgroup files)."""
+    for limit_path, usage_path in files:
+        try:
+            with open(limit_path) as f:
+                limit_text = f.read().strip()
+            with open(usage_path) as f:
+                usage = int(f.read().strip())
+        except (OSError, ValueError):
+            continue
+        if limit_text == "max":
+            return None
+        try:
+            limit = int(limit_text)
+        except ValueError:
+            continue
+        if limit >= 1 << 60:  # v1 writes "no limit" as a page-rounded 2^63 - 1
+            return None
+        return max(0, limit - usage)
+    return None
 
 
 def pool_pages(

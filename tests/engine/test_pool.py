@@ -200,3 +200,45 @@ def test_a_page_twice_in_one_free_call_is_a_double_free() -> None:
     pool.free(pages)
     handed_out = pool.alloc(pool.num_free_pages)
     assert handed_out is not None and len(set(handed_out)) == len(handed_out) == 4
+
+
+def _cgroup(tmp_path, limit: str, usage: str, version: int = 2) -> tuple[tuple[str, str], ...]:
+    names = ("memory.max", "memory.current") if version == 2 else ("memory.limit_in_bytes", "memory.usage_in_bytes")
+    (tmp_path / names[0]).write_text(limit + "\n")
+    (tmp_path / names[1]).write_text(usage + "\n")
+    return ((str(tmp_path / names[0]), str(tmp_path / names[1])),)
+
+
+def test_a_containers_memory_limit_bounds_what_the_pool_may_take(tmp_path) -> None:
+    """In a pod /proc/meminfo is the node's: the cgroup's limit minus its usage is the room."""
+    from preheat.engine.kv.pool import cgroup_headroom_bytes
+
+    assert cgroup_headroom_bytes(_cgroup(tmp_path, str(8 << 30), str(3 << 30))) == 5 << 30
+    (tmp_path / "over").mkdir()
+    assert cgroup_headroom_bytes(_cgroup(tmp_path / "over", str(1 << 30), str(2 << 30))) == 0  # over the limit
+
+
+def test_cgroup_v1_limits_count_and_unlimited_ones_do_not(tmp_path) -> None:
+    from preheat.engine.kv.pool import cgroup_headroom_bytes
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    assert cgroup_headroom_bytes(_cgroup(tmp_path / "a", str(4 << 30), str(1 << 30), version=1)) == 3 << 30
+    assert cgroup_headroom_bytes(_cgroup(tmp_path / "b", "9223372036854771712", "12345", version=1)) is None
+
+
+def test_no_limit_or_no_cgroup_leaves_the_node_figure(tmp_path) -> None:
+    from preheat.engine.kv.pool import cgroup_headroom_bytes
+
+    assert cgroup_headroom_bytes(_cgroup(tmp_path, "max", "123")) is None
+    assert cgroup_headroom_bytes(((str(tmp_path / "none"), str(tmp_path / "none2")),)) is None
+
+
+def test_available_memory_is_the_smaller_of_the_node_and_the_container(monkeypatch) -> None:
+    from preheat.engine.kv import pool as pool_module
+
+    node = pool_module.available_memory_bytes(torch.device("cpu"))
+    monkeypatch.setattr(pool_module, "cgroup_headroom_bytes", lambda: 1 << 20)
+    assert pool_module.available_memory_bytes(torch.device("cpu")) == min(node, 1 << 20)
+    monkeypatch.setattr(pool_module, "cgroup_headroom_bytes", lambda: None)
+    assert pool_module.available_memory_bytes(torch.device("cpu")) > 0
