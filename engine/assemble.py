@@ -307,7 +307,9 @@ def make_pool(config: EngineConfig, spec: ModelSpec, kv_dtype: torch.dtype, devi
         config.max_total_tokens,
     )
     shape = (spec.num_layers, spec.num_kv_heads, spec.head_dim, num_pages, config.page_size, kv_dtype)
-    return tp.make_pool(*shape) if tp else KVPool(*shape, device)
+    if tp:
+        return tp.make_pool(*shape)
+    return KVPool(*shape, device, prefault_bytes=int(config.kv_prefault_mib * 2**20))
 
 
 def fingerprint_of(loaded: LoadedModel, pool: KVPool, kv_dtype: torch.dtype, quantization: str | None,

@@ -133,6 +133,13 @@ class CacheSettings:
         choices=KV_CACHE_DTYPES,
     )
     disable_radix_cache: bool = _opt("Turn the radix prefix cache off.", False)
+    kv_prefault_mib: float = _opt(
+        "MiB of a CPU KV pool's first pages given memory in the background, by a thread at "
+        "idle priority, before prompts write them: a fresh replica's first prompts then do "
+        "not fault on every page of K and V (0 = off).",
+        256.0,
+        min=0.0,
+    )
 
     # L2/L3 tiers below the pool
     host_cache_size: float = _opt(

@@ -12,6 +12,8 @@ import os
 
 import torch
 
+from preheat.engine.kv.prefault import DEFAULT_BUDGET_BYTES, Prefaulter
+
 SCRATCH_PAGE = 0  # never handed out: padding rows and masked slots write here
 
 
@@ -25,7 +27,11 @@ class KVPool:
         page_size: int,
         dtype: torch.dtype,
         device: torch.device,
+        prefault_bytes: int = DEFAULT_BUDGET_BYTES,
     ) -> None:
+        """`prefault_bytes`: how much of a CPU pool's lowest pages (the first handed out) a
+        background thread at idle priority gives memory before they are written
+        (engine/kv/prefault.py; 0: none, every page faults on first write)."""
         if num_pages < 2:
             raise ValueError("the KV pool needs at least two pages (one is scratch)")
         self.page_size = page_size
@@ -45,6 +51,11 @@ class KVPool:
         # Lowest ids first so a fresh pool fills from the front (nicer locality).
         self._free: list[int] = list(range(num_pages - 1, SCRATCH_PAGE, -1))
         self._free_set = set(self._free)
+        self._prefault: Prefaulter | None = None
+        if prefault_bytes > 0 and getattr(self.kv, "mapped", False):
+            page_bytes = page_size * num_kv_heads * head_dim * dtype.itemsize
+            self._prefault = Prefaulter(self, self.kv.data_ptr(), num_layers * 2, num_pages, page_bytes,
+                                        prefault_bytes)
 
     def k(self, layer: int) -> torch.Tensor:
         return self._views[layer][0]
@@ -139,7 +150,9 @@ def zeroed(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> 
     if nbytes == 0:
         return torch.zeros(shape, dtype=dtype)
     buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    return torch.frombuffer(buf, dtype=torch.uint8).view(dtype).view(shape)
+    tensor = torch.frombuffer(buf, dtype=torch.uint8).view(dtype).view(shape)
+    tensor.mapped = True  # memory comes on first touch: KVPool may populate it ahead (prefault.py)
+    return tensor
 
 
 def available_memory_bytes(device: torch.device) -> int:
