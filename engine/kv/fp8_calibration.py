@@ -38,7 +38,8 @@ def calibrate_kv_scales(prefill: Prefill, tokenizer: Any, spec: Any, device: tor
     pool of the model's `dtype` (page 0 stays the scratch page)."""
     ids = list(tokenizer.encode(CALIBRATION_TEXT))
     pages = -(-len(ids) // page_size)
-    pool = KVPool(spec.num_layers, spec.num_kv_heads, spec.head_dim, pages + 1, page_size, dtype, device)
+    pool = KVPool(spec.num_layers, spec.num_kv_heads, spec.head_dim, pages + 1, page_size, dtype, device,
+                  prefault_bytes=0)  # written once, then dropped: nothing to populate ahead
     prefill(pool, ids, list(range(1, pages + 1)))
     amax = pool.kv[:, :, 1:].abs().amax(dim=(2, 3, 4, 5)).float().cpu()  # [L, 2]
     scales = torch.tensor([[power_of_two_scale(float(a), fp8_dtype) for a in row] for row in amax])

@@ -137,9 +137,10 @@ class KVPool:
 def zeroed(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A zero tensor. On the CPU it lies in an anonymous memory mapping: the kernel hands out
     zero pages on first touch, so start-up does not write the whole pool (torch.zeros
-    memset ~1 GiB: about a second of a 2-core start) and pages never used cost nothing. The
+    memset ~1 GiB: about a second of a 2-core start) and pages never used cost nothing
+    (beyond the first ones KVPool has populated while idle, engine/kv/prefault.py). The
     tensor keeps the mapping alive. The memory is not reserved up front: the pool is sized
-    from MemAvailable (`pool_pages`). No MADV_HUGEPAGE: a first touch would then zero 2 MiB
+    from free memory (`available_memory_bytes`, `pool_pages`). No MADV_HUGEPAGE: a first touch would then zero 2 MiB
     per layer's K and V (tens of ms inside one request's prefill), not the 4 KiB it writes."""
     if device.type != "cpu" or not hasattr(mmap, "MAP_ANONYMOUS"):
         return torch.zeros(shape, dtype=dtype, device=device)
