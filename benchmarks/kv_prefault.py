@@ -39,10 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     model_dir = peers.prepare_model_dir(Path(tempfile.gettempdir()) / "preheat-serving-vs-peers" / "smollm2-bf16")
     workload = next(w for w in peers.FULL.workloads if w.name == "plain")
-    longest = max(w.prefix_tokens + w.prompt_tokens + w.output_tokens for w in peers.FULL.workloads)
-    kv_tokens = (max(peers.FULL.streams) + 4) * (longest + 64)
+    kv_tokens = peers.kv_budget(peers.FULL)
     port = peers.free_port()
-    base = next(s for s in peers.servers(model_dir, port, workload.output_tokens, kv_tokens, [peers.GGUF_DEFAULT]))
+    base = peers.servers(model_dir, port, workload.output_tokens, kv_tokens, [peers.GGUF_DEFAULT])[0]
     results: dict[str, list[peers.Result]] = {name: [] for name in SIDES}
     for r in range(args.rounds):
         for name in SIDES if r % 2 == 0 else list(reversed(SIDES)):

@@ -181,6 +181,12 @@ def prepare_model_dir(path: Path) -> Path:
 # --------------------------------------------------------------------------- servers
 
 
+def kv_budget(mode: Mode) -> int:
+    """KV tokens every server gets: the most streams' longest requests, with room to spare."""
+    longest = max(w.prefix_tokens + w.prompt_tokens + w.output_tokens for w in mode.workloads)
+    return (max(mode.streams) + 4) * (longest + 64)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -278,6 +284,13 @@ class Running:
 
 # --------------------------------------------------------------------------- guidellm
 
+# Prompts guidellm's data worker makes ahead of the requests. Its default (4096) has the
+# worker synthesize prompts far ahead, on the cores the server under test runs on: measured
+# here, 60-93% of one of the 2 cores through the first half of a 10-s run at 8 streams, the
+# first wave's ITL 37-62 ms against ~20 after. Two ahead keeps the client's work to what the
+# requests need; every server gets the same client.
+PROMPTS_AHEAD = 2
+
 
 def scenario(server: Server, url: str, tokenizer_dir: Path, workload: Workload, streams: int,
              requests: int) -> dict:
@@ -292,12 +305,7 @@ def scenario(server: Server, url: str, tokenizer_dir: Path, workload: Workload, 
             "tokenizer": {"kind": "hf_auto", "model": str(tokenizer_dir)},
             "profile": {"kind": "concurrent", "streams": streams},
             "data": [workload.data()],
-            # guidellm's default (4096) has its data worker synthesize prompts far ahead of
-            # the requests, on the cores the server under test runs on: measured here, 60-93%
-            # of one of the 2 cores through the first half of a 10-s run at 8 streams, the
-            # first wave's ITL 37-62 ms against ~20 after. Two ahead keeps the client's work
-            # to what the requests need; every server gets the same client.
-            "data_loader": {"kind": "pytorch", "prefetch_factor": 2},
+            "data_loader": {"kind": "pytorch", "prefetch_factor": PROMPTS_AHEAD},
             "constraints": [{"kind": "max_requests", "count": requests}],
             "seed": {"kind": "static", "value": 42},
         }
@@ -384,8 +392,9 @@ def write_report(run: Run, mode_name: str, mode: Mode, names: list[str], wall: f
         "SmolLM2-135M-Instruct: the bf16 servers serve a Hugging Face directory written from the embedded "
         "GGUF, the GGUF servers the file itself (named in the server column); same machine, servers run "
         "one at a time and alternate by round; "
-        f"{mode.rounds} round(s), medians over rounds. guidellm 0.8 synthetic text (prompts made 2 "
-        "ahead of the requests, not guidellm's 4096, which loaded the client's core during the run), "
+        f"{mode.rounds} round(s), medians over rounds. guidellm 0.8 synthetic text (prompts made "
+        f"{PROMPTS_AHEAD} ahead of the requests, not guidellm's 4096, which loaded the client's core "
+        "during the run), "
         "chat completions, streamed, greedy, fixed output length. Workloads: "
         + "; ".join(
             f"**{w.name}**: {w.prompt_tokens}-token prompts"
@@ -494,8 +503,7 @@ def main(argv: list[str] | None = None) -> int:
     names = [n.strip() for n in args.servers.split(",") if n.strip()]
     model_dir = prepare_model_dir(workdir / "smollm2-bf16")
     max_out = max(w.output_tokens for w in mode.workloads)
-    longest = max(w.prefix_tokens + w.prompt_tokens + w.output_tokens for w in mode.workloads)
-    kv_tokens = (max(mode.streams) + 4) * (longest + 64)  # the same KV budget for every server
+    kv_tokens = kv_budget(mode)
     port = free_port()
     order = servers(model_dir, port, max_out, kv_tokens, names)
     run = Run()

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import mmap
 import os
 import threading
 import weakref
@@ -28,7 +29,7 @@ from collections.abc import Callable
 log = logging.getLogger(__name__)
 
 MADV_POPULATE_WRITE = 23  # linux/mman.h (5.14+); the mmap module of Python 3.11 lacks it
-OS_PAGE = 4096
+OS_PAGE = mmap.PAGESIZE  # madvise takes page-aligned starts (4 KiB on x86, up to 64 KiB on arm64)
 SLICE_BYTES = 2 << 20  # per call, over all planes: about a millisecond of the kernel's work
 DEFAULT_BUDGET_BYTES = 256 << 20
 
