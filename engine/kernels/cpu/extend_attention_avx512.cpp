@@ -2,8 +2,10 @@
 // one sequence, one kv head and up to EXTEND_TASK_ROWS of its new tokens, for every query head of the
 // group. 16 query rows of one head share a vector:
 //  - scores: for each key, sum over the head's dimension pairs of (query pair j of 16 rows,
-//    transposed once per task) x (the key's pair j, broadcast from the page): vdpbf16ps,
-//    16 rows' scores of one key per vector, no horizontal sums;
+//    transposed once per task) x (the key's pair j, broadcast): vdpbf16ps, 16 rows' scores
+//    of one key per vector, no horizontal sums. A block's keys are transposed once per task
+//    (pair j of its 16 keys side by side), so each query pair is loaded once for 16 keys and
+//    every product reads one operand from memory (a broadcast) instead of two;
 //  - softmax: online over blocks of 16 keys (running max and sum per row, lane-wise);
 //  - values: for each pair of keys, (their probabilities of 16 rows, as bfloat16 pairs) x
 //    (the pair's values at dimension d, broadcast): vdpbf16ps into output dimension d.
@@ -24,12 +26,13 @@ struct ExtendScratch {
   float* ml;   // [groups][G][2][16] running max and sum
   float* vp;   // [8][D] value pairs of a key block: (v[2i][d], v[2i+1][d]) as int32
   float* pp;   // [8][16] probability pairs of 16 rows
+  float* kt;   // [D/2][16] key pairs of a key block, transposed (bf16 pairs as int32)
 };
 
 // Offsets (floats) of ExtendScratch's parts for `groups` vectors of rows, and their total:
 // the one layout both the task and extend_attention_scratch read.
 struct ExtendLayout {
-  int64_t qt, ot, ml, vp, pp, total;
+  int64_t qt, ot, ml, vp, pp, kt, total;
 };
 inline ExtendLayout extend_layout(int64_t groups, int64_t G, int64_t D) {
   ExtendLayout l;
@@ -38,8 +41,33 @@ inline ExtendLayout extend_layout(int64_t groups, int64_t G, int64_t D) {
   l.ml = l.ot + groups * G * D * 16;
   l.vp = l.ml + groups * G * 2 * 16;
   l.pp = l.vp + 8 * D;
-  l.total = l.pp + 8 * 16;
+  l.kt = l.pp + 8 * 16;
+  l.total = l.kt + (D / 2) * 16;
   return l;
+}
+
+// The 16 x 16 int32 matrix r (r[i] = row i) transposed in place: r[j] lane i = old r[i] lane j.
+inline void transpose16(__m512i (&r)[16]) {
+  __m512i a[16], b[16];
+  for (int i = 0; i < 16; i += 2) {  // per 128-bit lane: elements 0, 1 / 2, 3 of rows i, i + 1
+    a[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    a[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {  // b[i + e], lane L: element 4L + e of rows i .. i + 3
+    b[i] = _mm512_unpacklo_epi64(a[i], a[i + 2]);
+    b[i + 1] = _mm512_unpackhi_epi64(a[i], a[i + 2]);
+    b[i + 2] = _mm512_unpacklo_epi64(a[i + 1], a[i + 3]);
+    b[i + 3] = _mm512_unpackhi_epi64(a[i + 1], a[i + 3]);
+  }
+  for (int e = 0; e < 4; ++e) {  // the 4 x 4 transpose of 128-bit lanes, b[e], b[4 + e], ...
+    const __m512i c0 = _mm512_shuffle_i32x4(b[e], b[4 + e], 0x88), c1 = _mm512_shuffle_i32x4(b[e], b[4 + e], 0xDD);
+    const __m512i c2 = _mm512_shuffle_i32x4(b[8 + e], b[12 + e], 0x88);
+    const __m512i c3 = _mm512_shuffle_i32x4(b[8 + e], b[12 + e], 0xDD);
+    r[e] = _mm512_shuffle_i32x4(c0, c2, 0x88);
+    r[4 + e] = _mm512_shuffle_i32x4(c1, c3, 0x88);
+    r[8 + e] = _mm512_shuffle_i32x4(c0, c2, 0xDD);
+    r[12 + e] = _mm512_shuffle_i32x4(c1, c3, 0xDD);
+  }
 }
 
 template <int D>
@@ -49,7 +77,8 @@ void task(const ExtendAttnArgs& a, int64_t b, int64_t kvh, int64_t r0, int64_t r
   const int64_t prefix = a.prefix_lens[b], last_key = prefix + r1;  // keys [0, last_key)
   const int32_t* pages = a.page_table + b * a.pt_stride;
   const ExtendLayout l = extend_layout(groups, G, D);
-  const ExtendScratch sc{scratch + l.qt, scratch + l.ot, scratch + l.ml, scratch + l.vp, scratch + l.pp};
+  const ExtendScratch sc{scratch + l.qt, scratch + l.ot, scratch + l.ml, scratch + l.vp, scratch + l.pp,
+                        scratch + l.kt};
   // Queries transposed: lane r of qt[grp][g][j] = pair j of row r0 + grp * 16 + r, head g.
   const uint32_t* q = (const uint32_t*)a.q;
   for (int64_t grp = 0; grp < groups; ++grp) {
@@ -95,6 +124,13 @@ void task(const ExtendAttnArgs& a, int64_t b, int64_t kvh, int64_t r0, int64_t r
         _mm512_storeu_si512(sc.vp + i * D + d + 16, second);
       }
     }
+    // Key pairs of this block transposed: kt[j][i] = pair j of key i (keys past n repeat key 0).
+    for (int64_t c = 0; c < DP; c += 16) {
+      __m512i r[16];
+      for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(krow[i] + (kvh * a.kv_stride_head + c * 2) * 2);
+      transpose16(r);
+      for (int j = 0; j < 16; ++j) _mm512_storeu_si512(sc.kt + (c + j) * 16, r[j]);
+    }
     for (int64_t grp = 0; grp < groups; ++grp) {
       const int64_t row0 = r0 + grp * ROWS;  // first row of this vector
       const int64_t n_rows = imin(ROWS, r1 - row0);
@@ -107,15 +143,15 @@ void task(const ExtendAttnArgs& a, int64_t b, int64_t kvh, int64_t r0, int64_t r
         const uint32_t* qt = (const uint32_t*)sc.qt + at * DP * 16;
         __m512 s[16];
         __mmask16 visible[16];
+        for (int i = 0; i < 16; ++i) s[i] = _mm512_setzero_ps();
+        const int32_t* kt = (const int32_t*)sc.kt;
+        for (int64_t j = 0; j < DP; ++j) {
+          const __m512bh qv = (__m512bh)_mm512_loadu_si512(qt + j * 16);
+#pragma GCC unroll 16
+          for (int i = 0; i < 16; ++i) s[i] = _mm512_dpbf16_ps(s[i], qv, (__m512bh)_mm512_set1_epi32(kt[j * 16 + i]));
+        }
         for (int64_t i = 0; i < n; ++i) {
-          const uint32_t* kp = (const uint32_t*)(krow[i] + kvh * a.kv_stride_head * 2);
-          __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-          for (int64_t j = 0; j < DP; j += 2) {
-            acc0 = _mm512_dpbf16_ps(acc0, (__m512bh)_mm512_loadu_si512(qt + j * 16), (__m512bh)_mm512_set1_epi32(kp[j]));
-            acc1 = _mm512_dpbf16_ps(acc1, (__m512bh)_mm512_loadu_si512(qt + (j + 1) * 16),
-                                    (__m512bh)_mm512_set1_epi32(kp[j + 1]));
-          }
-          s[i] = _mm512_mul_ps(_mm512_add_ps(acc0, acc1), scale);
+          s[i] = _mm512_mul_ps(s[i], scale);
           visible[i] = diagonal ? _mm512_cmple_epi32_mask(_mm512_set1_epi32((int32_t)(k0 + i)), row_pos) : 0xFFFF;
           s[i] = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), visible[i], s[i]);
         }
