@@ -131,19 +131,19 @@ def main() -> int:
         f"{(time.time() - started) / 60:.1f} min). SmolLM2-135M-Instruct (embedded GGUF), CPU, "
         "the engine's whole steps for fresh random prompts (sampling one token each).",
         "",
-        "| side | workload | ms per prompt token | prompt tokens/s |",
-        "| --- | --- | --- | --- |",
+        "| side, workload | ms per prompt token | prompt tokens/s |",
+        "| --- | --- | --- |",
     ]
     for (label, w), values in per_token.items():
         ms = statistics.median(values)
-        lines.append(f"| {label} | {w} | {ms:.3f} | {1000 / ms:.0f} |")
+        lines.append(f"| {label}, {w} | {ms:.3f} | {1000 / ms:.0f} |")
     lines += ["", "## Where the time goes (ms per prompt token)", ""]
     kinds = list(dict.fromkeys(k for p in parts.values() for k in p))
-    lines.append("| side | workload | " + " | ".join(kinds) + " |")
-    lines.append("| --- | --- |" + " --- |" * len(kinds))
+    lines.append("| side, workload | " + " | ".join(kinds) + " |")
+    lines.append("| --- |" + " --- |" * len(kinds))
     for (label, w), by_kind in parts.items():
         cells = [f"{statistics.median(by_kind[k]):.4f}" if k in by_kind else "-" for k in kinds]
-        lines.append(f"| {label} | {w} | " + " | ".join(cells) + " |")
+        lines.append(f"| {label}, {w} | " + " | ".join(cells) + " |")
     text = "\n".join(lines) + "\n"
     Path(args.out).write_text(text)
     print(text)
