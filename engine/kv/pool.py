@@ -54,8 +54,7 @@ class KVPool:
         self._prefault: Prefaulter | None = None
         if prefault_bytes > 0 and getattr(self.kv, "mapped", False):
             page_bytes = page_size * num_kv_heads * head_dim * dtype.itemsize
-            self._prefault = Prefaulter(self, self.kv.data_ptr(), num_layers * 2, num_pages, page_bytes,
-                                        prefault_bytes)
+            self._prefault = Prefaulter(self, self.kv.data_ptr(), num_layers * 2, num_pages, page_bytes, prefault_bytes)
 
     def k(self, layer: int) -> torch.Tensor:
         return self._views[layer][0]
@@ -179,18 +178,28 @@ def available_memory_bytes(device: torch.device) -> int:
     return available if headroom is None else min(available, headroom)
 
 
-# (limit, usage) files of this process's memory cgroup: v2, then v1. In a container the
-# cgroup namespace puts its own cgroup at the mount's root.
+# (limit, usage, stat, the stat's reclaimable file-cache key) of this process's memory
+# cgroup: v2, then v1. In a container the cgroup namespace puts its own cgroup at the
+# mount's root.
 CGROUP_MEMORY_FILES = (
-    ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
-    ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),
+    ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current", "/sys/fs/cgroup/memory.stat", "inactive_file"),
+    (
+        "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+        "/sys/fs/cgroup/memory/memory.usage_in_bytes",
+        "/sys/fs/cgroup/memory/memory.stat",
+        "total_inactive_file",
+    ),
 )
 
 
-def cgroup_headroom_bytes(files: tuple[tuple[str, str], ...] = CGROUP_MEMORY_FILES) -> int | None:
-    """The memory cgroup's limit minus what it uses now, or None without a limit (v2 "max",
-    v1's near-2^63 "unlimited", no cgroup files)."""
-    for limit_path, usage_path in files:
+def cgroup_headroom_bytes(files: tuple[tuple[str, str, str, str], ...] = CGROUP_MEMORY_FILES) -> int | None:
+    """The memory cgroup's limit minus its working set, or None without a limit (v2 "max",
+    v1's near-2^63 "unlimited", no cgroup files). The working set is the usage less the
+    inactive file cache, as the kubelet counts it for eviction: the usage also holds the
+    page cache of files the process read (a model's weights: gigabytes), which the kernel
+    reclaims before it kills anything, so counting it would shrink the pool by the model's
+    size. No stat file: the usage as it is (smaller, never larger, than the room)."""
+    for limit_path, usage_path, stat_path, inactive_key in files:
         try:
             with open(limit_path) as f:
                 limit_text = f.read().strip()
@@ -206,8 +215,21 @@ def cgroup_headroom_bytes(files: tuple[tuple[str, str], ...] = CGROUP_MEMORY_FIL
             continue
         if limit >= 1 << 60:  # v1 writes "no limit" as a page-rounded 2^63 - 1
             return None
-        return max(0, limit - usage)
+        return max(0, limit - max(0, usage - _stat_value(stat_path, inactive_key)))
     return None
+
+
+def _stat_value(path: str, key: str) -> int:
+    """One "key value" line of a cgroup memory.stat, 0 when absent or unreadable."""
+    try:
+        with open(path) as f:
+            for line in f:
+                name, _, value = line.partition(" ")
+                if name == key:
+                    return int(value)
+    except (OSError, ValueError):
+        pass
+    return 0
 
 
 def pool_pages(

@@ -52,8 +52,16 @@ def test_a_cpu_pool_is_not_written_at_start_only_the_pages_touched_take_memory()
     """Start-up does not memset the pool (a second of a 2-core start for ~1 GiB): its
     memory comes from the kernel's zero pages, on first touch."""
     before = _rss_bytes()
-    pool = KVPool(num_layers=4, num_kv_heads=4, head_dim=64, num_pages=2048, page_size=16,
-                  dtype=torch.float32, device=torch.device("cpu"), prefault_bytes=0)  # 256 MiB
+    pool = KVPool(
+        num_layers=4,
+        num_kv_heads=4,
+        head_dim=64,
+        num_pages=2048,
+        page_size=16,
+        dtype=torch.float32,
+        device=torch.device("cpu"),
+        prefault_bytes=0,
+    )  # 256 MiB
     assert pool.bytes == 256 * 2**20
     assert _rss_bytes() - before < 32 * 2**20
     pool.k(0)[1:3].fill_(1.0)  # two pages of one layer's K
@@ -202,11 +210,14 @@ def test_a_page_twice_in_one_free_call_is_a_double_free() -> None:
     assert handed_out is not None and len(set(handed_out)) == len(handed_out) == 4
 
 
-def _cgroup(tmp_path, limit: str, usage: str, version: int = 2) -> tuple[tuple[str, str], ...]:
+def _cgroup(tmp_path, limit: str, usage: str, version: int = 2, stat: str | None = None):
     names = ("memory.max", "memory.current") if version == 2 else ("memory.limit_in_bytes", "memory.usage_in_bytes")
     (tmp_path / names[0]).write_text(limit + "\n")
     (tmp_path / names[1]).write_text(usage + "\n")
-    return ((str(tmp_path / names[0]), str(tmp_path / names[1])),)
+    if stat is not None:
+        (tmp_path / "memory.stat").write_text(stat)
+    key = "inactive_file" if version == 2 else "total_inactive_file"
+    return ((str(tmp_path / names[0]), str(tmp_path / names[1]), str(tmp_path / "memory.stat"), key),)
 
 
 def test_a_containers_memory_limit_bounds_what_the_pool_may_take(tmp_path) -> None:
@@ -216,6 +227,29 @@ def test_a_containers_memory_limit_bounds_what_the_pool_may_take(tmp_path) -> No
     assert cgroup_headroom_bytes(_cgroup(tmp_path, str(8 << 30), str(3 << 30))) == 5 << 30
     (tmp_path / "over").mkdir()
     assert cgroup_headroom_bytes(_cgroup(tmp_path / "over", str(1 << 30), str(2 << 30))) == 0  # over the limit
+
+
+def test_the_page_cache_of_read_files_is_room_not_use(tmp_path) -> None:
+    """A model read through the page cache is charged to the pod; the kernel reclaims its
+    inactive part before an OOM kill (the kubelet's working set leaves it out too), so it
+    must not shrink the pool. Active file pages and anonymous memory still count."""
+    from preheat.engine.kv.pool import cgroup_headroom_bytes
+
+    stat = f"anon {2 << 30}\nfile {5 << 30}\nactive_file {1 << 30}\ninactive_file {4 << 30}\nslab 123\n"
+    assert cgroup_headroom_bytes(_cgroup(tmp_path, str(8 << 30), str(7 << 30), stat=stat)) == 5 << 30
+    (tmp_path / "v1").mkdir()
+    stat_v1 = f"cache {5 << 30}\ninactive_file 1\ntotal_inactive_file {4 << 30}\n"  # the hierarchy's total counts
+    assert cgroup_headroom_bytes(_cgroup(tmp_path / "v1", str(8 << 30), str(7 << 30), 1, stat_v1)) == 5 << 30
+    (tmp_path / "odd").mkdir()  # more inactive cache than usage (racing reads): never more than the limit
+    assert (
+        cgroup_headroom_bytes(_cgroup(tmp_path / "odd", str(8 << 30), str(1 << 30), stat=f"inactive_file {2 << 30}\n"))
+        == 8 << 30
+    )
+    (tmp_path / "bad").mkdir()  # an unreadable stat: the usage as it is
+    assert (
+        cgroup_headroom_bytes(_cgroup(tmp_path / "bad", str(8 << 30), str(7 << 30), stat="inactive_file x\n"))
+        == 1 << 30
+    )
 
 
 def test_cgroup_v1_limits_count_and_unlimited_ones_do_not(tmp_path) -> None:
@@ -231,7 +265,8 @@ def test_no_limit_or_no_cgroup_leaves_the_node_figure(tmp_path) -> None:
     from preheat.engine.kv.pool import cgroup_headroom_bytes
 
     assert cgroup_headroom_bytes(_cgroup(tmp_path, "max", "123")) is None
-    assert cgroup_headroom_bytes(((str(tmp_path / "none"), str(tmp_path / "none2")),)) is None
+    none = str(tmp_path / "none")
+    assert cgroup_headroom_bytes(((none, none + "2", none + "3", "inactive_file"),)) is None
 
 
 def test_available_memory_is_the_smaller_of_the_node_and_the_container(monkeypatch) -> None:
