@@ -21,6 +21,7 @@ from preheat.engine.kernels.int8 import QuantizedWeight
 from preheat.engine.kernels.linear import LinearWeight
 from preheat.engine.kernels.rope import RotaryEmbedding
 from preheat.engine.kernels.torch_backend import TorchBackend
+from preheat.engine.model import decode_stack
 from preheat.engine.model.layers import Attention, AttentionMetadata, DenseMLP, StepContext
 from preheat.engine.model.moe import SparseMoE
 from preheat.engine.model.spec import ModelSpec
@@ -103,6 +104,8 @@ class DecoderModel:
                 self.step_weight_bytes += t.numel() * t.element_size()
         # oneDNN builds a kernel per matrix shape (cuBLAS and our CPU kernels need none).
         self.pad_rows = embed.device.type == "cpu" and self.backend.pad_cpu_rows
+        # Decode steps' layers in one call into the CPU kernels, where every layer allows it.
+        self.decode_stack = decode_stack.build(self)
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, meta: AttentionMetadata, kv_pool) -> torch.Tensor:
@@ -133,8 +136,11 @@ class DecoderModel:
                 else None
             ),
         )
-        for index, layer in enumerate(self.layers):
-            h = layer.forward(h, ctx, kv_pool.k(index), kv_pool.v(index))
+        if self.decode_stack is not None and self.decode_stack.takes(ctx, h, kv_pool):
+            h = self.decode_stack.forward(h, ctx, kv_pool)
+        else:
+            for index, layer in enumerate(self.layers):
+                h = layer.forward(h, ctx, kv_pool.k(index), kv_pool.v(index))
         return kernels.rms_norm(h[:rows], self.norm, self.spec.rms_norm_eps)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -424,6 +424,8 @@ at::Tensor rope_kv(const KernelSet& k, const at::Tensor& qkv, int64_t rows, int6
   return q;
 }
 
+#include "decode_stack.h"
+
 }  // namespace
 }  // namespace preheat
 
@@ -500,6 +502,15 @@ void bind_set(pybind11::module_& m, const KernelSet& k) {
       },
       nogil, arg("qkv"), arg("rows"), arg("num_heads"), arg("num_kv_heads"), arg("cos_sin"), arg("positions"),
       arg("slots"), arg("k_cache"), arg("v_cache"));
+  m.def(
+      "decode_stack",
+      [set](const std::vector<at::Tensor>& input_norms, const std::vector<at::Tensor>& post_norms,
+            const std::vector<DecodeStack::LinearSpec>& linears, double eps, int64_t H, int64_t KVH, int64_t D,
+            double scale) { return DecodeStack(set, input_norms, post_norms, linears, eps, H, KVH, D, scale); },
+      arg("input_norms"), arg("post_norms"), arg("linears"), arg("eps"), arg("num_heads"), arg("num_kv_heads"),
+      arg("head_dim"), arg("scale"),
+      "a decode step's dense layers in one call (decode_stack.h); linears: (kind, packed, scales, bias, n, "
+      "activation_bits) for qkv, o, gate_up, down of each layer, kind 0 bf16 / 1 f32 / 2 int8");
 }
 
 }  // namespace
@@ -517,6 +528,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "the kernel builds this CPU runs, best first");
   m.def(
       "supported", [] { return preheat::AVX512.runs_here() || preheat::AVX2.runs_here(); }, "whether this CPU runs any build of the kernels");
+  pybind11::class_<preheat::DecodeStack>(m, "DecodeStack")
+      .def("forward", &preheat::DecodeStack::forward, pybind11::call_guard<pybind11::gil_scoped_release>(),
+           pybind11::arg("h"), pybind11::arg("cos_sin"), pybind11::arg("positions"), pybind11::arg("slots"),
+           pybind11::arg("k_caches"), pybind11::arg("v_caches"), pybind11::arg("page_table"), pybind11::arg("seq_lens"))
+      .def_property_readonly("num_layers", &preheat::DecodeStack::num_layers);
   for (const preheat::KernelSet* k : preheat::SETS) {
     auto sub = m.def_submodule(k->name, "the kernels built for this instruction set");
     preheat::bind_set(sub, *k);

@@ -1,0 +1,115 @@
+"""A decode step's layers in one call into the CPU kernels (engine/kernels/cpu/decode_stack.h).
+
+DecoderLayer.forward makes ~9 kernel calls a layer, each through Python (the backend's
+checks, linear.apply, the binding): at batch 1 on SmolLM2 that is ~0.6 ms of a ~4 ms step.
+The stack runs the same kernels in the same order with the same arguments inside C++, so a
+step's output is the same to the bit (tests/engine/test_decode_stack.py holds it to that).
+
+`build` makes a stack when every layer is one the stack runs — the CPU kernel backend's
+packed products, a dense SiLU-gated MLP, no q/k norm, one rank — else None (the layers run
+as before). `takes` decides per step: decode rows only, no padding, the rotary table kernel,
+a cache in the activations' dtype (not fp8), fewer rows than any product's dense-rows
+threshold. PREHEAT_DECODE_STACK=0 turns it off (to compare, or to step around it).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from preheat.engine.kernels import cpu_attention
+from preheat.engine.kernels.linear import LinearWeight
+from preheat.engine.model.layers import DenseMLP, StepContext
+
+if TYPE_CHECKING:
+    from preheat.engine.model.decoder import DecoderModel
+
+log = logging.getLogger(__name__)
+
+ENV_SWITCH = "PREHEAT_DECODE_STACK"
+KINDS = {"bf16": 0, "f32": 1, "int8": 2}  # decode_stack.h's StackLinear::kind
+
+
+class DecodeStack:
+    """The C++ stack of one model and what a step must satisfy to use it."""
+
+    def __init__(self, native: Any, dtype: torch.dtype, dense_from_rows: int | None) -> None:
+        self.native = native
+        self.dtype = dtype
+        self.dense_from_rows = dense_from_rows  # the smallest threshold among the products
+        self._caches: tuple[int, list[torch.Tensor], list[torch.Tensor]] | None = None
+
+    def takes(self, ctx: StepContext, hidden: torch.Tensor, kv_pool) -> bool:
+        meta = ctx.meta
+        k = kv_pool.k(0)
+        return (
+            meta.num_decode == ctx.rows == ctx.padded_rows > 0
+            and ctx.rope.use_kernel
+            and ctx.prepared_decode is None
+            and hidden.dtype == self.dtype == k.dtype
+            and k.is_contiguous()
+            and (self.dense_from_rows is None or ctx.rows < self.dense_from_rows)
+            and meta.decode_page_table is not None
+            and meta.decode_page_table.dtype == torch.int32
+        )
+
+    def forward(self, hidden: torch.Tensor, ctx: StepContext, kv_pool) -> torch.Tensor:
+        meta = ctx.meta
+        if self._caches is None or self._caches[0] != id(kv_pool):
+            n = self.native.num_layers
+            self._caches = (id(kv_pool), [kv_pool.k(i) for i in range(n)], [kv_pool.v(i) for i in range(n)])
+        _, ks, vs = self._caches
+        return self.native.forward(hidden, ctx.rope.table, ctx.rope.positions, meta.slots, ks, vs,
+                                   meta.decode_page_table, meta.decode_seq_lens.to(torch.int32))  # fmt: skip
+
+
+def _linear_spec(w: LinearWeight) -> tuple | None:
+    if w.kind not in KINDS or w.packed is None:
+        return None
+    return (KINDS[w.kind], w.packed, w.scales, w.bias, w.out_features, w.activation_bits)
+
+
+def build(model: DecoderModel) -> DecodeStack | None:
+    """The model's stack, or None when a layer is not one the stack runs (logged at debug)."""
+    if os.environ.get(ENV_SWITCH, "1") == "0":
+        return None
+    kernels = getattr(model.backend, "kernels", None)
+    if kernels is None or not hasattr(kernels, "decode_stack") or not model.layers:
+        return None
+    first = model.layers[0]
+    heads, kv_heads, head_dim = first.attn.num_heads, first.attn.num_kv_heads, first.attn.head_dim
+    dtype = model.embed.dtype
+    probe_q = torch.empty((1, heads, head_dim), dtype=dtype)
+    probe_k = torch.empty((1, 1, kv_heads, head_dim), dtype=dtype)
+    if dtype not in (torch.bfloat16, torch.float32) or not cpu_attention.eligible(probe_q, probe_k):
+        return None
+    linears: list[tuple] = []
+    thresholds: list[int] = []
+    for layer in model.layers:
+        attn, mlp = layer.attn, layer.mlp
+        if (
+            layer.reduce is not None
+            or layer.backend is not model.backend
+            or layer.eps != first.eps
+            or attn.qk_norm is not None
+            or (attn.num_heads, attn.num_kv_heads, attn.head_dim, attn.scale) != (heads, kv_heads, head_dim, first.attn.scale)
+            or not isinstance(mlp, DenseMLP)
+        ):  # fmt: skip
+            log.debug("decode stack: layer not stackable; the layers run one call at a time")
+            return None
+        for w in (attn.qkv, attn.o, mlp.gate_up, mlp.down):
+            spec = _linear_spec(w)
+            if spec is None or w.kernels is not kernels:
+                return None
+            linears.append(spec)
+            if w.dense_from_rows is not None:
+                thresholds.append(w.dense_from_rows)
+        if layer.input_norm.dtype != dtype or layer.post_norm.dtype != dtype:
+            return None
+    native = kernels.decode_stack([layer.input_norm.contiguous() for layer in model.layers],
+                                  [layer.post_norm.contiguous() for layer in model.layers], linears,
+                                  first.eps, heads, kv_heads, head_dim, first.attn.scale)  # fmt: skip
+    return DecodeStack(native, dtype, min(thresholds) if thresholds else None)

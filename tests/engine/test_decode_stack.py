@@ -1,0 +1,111 @@
+"""A decode step's layers in one C++ call (engine/model/decode_stack.py) give the very bits
+the layers give one kernel call at a time, for every kind of packed weight; layers the stack
+does not run (q/k norm) and steps it does not take (an fp8 cache, prompts) keep the old path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny_models import build_tiny_model
+
+from preheat.engine import LLM, SamplingParams
+from preheat.engine.kernels import cpu_ext
+from preheat.engine.model import decode_stack
+
+kernels = cpu_ext.load()
+pytestmark = pytest.mark.skipif(kernels is None, reason="the stack runs the CPU kernels")
+
+
+@pytest.fixture(scope="module")
+def llama_hd64(tmp_path_factory, smollm_tokenizer):
+    return build_tiny_model(tmp_path_factory.mktemp("stack-llama"), "llama", smollm_tokenizer,
+                            hidden_size=256, num_attention_heads=4, num_key_value_heads=2)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def qwen2(tmp_path_factory, smollm_tokenizer):  # q/k/v biases
+    return build_tiny_model(tmp_path_factory.mktemp("stack-qwen2"), "qwen2", smollm_tokenizer,
+                            hidden_size=256, num_attention_heads=4, num_key_value_heads=2)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def qwen3(tmp_path_factory, smollm_tokenizer):  # q/k norms: not stacked
+    return build_tiny_model(tmp_path_factory.mktemp("stack-qwen3"), "qwen3", smollm_tokenizer)
+
+
+PROMPTS = [list(range(300, 340)), list(range(1000, 1077)), list(range(2000, 2013))]
+
+
+def decode_hiddens(monkeypatch, model_dir, stacked: bool, **config) -> tuple[list[torch.Tensor], int, bool]:
+    """The final hidden states of every decode-only step of three greedy requests, how many
+    steps went through the stack, and whether the model built one."""
+    monkeypatch.setenv(decode_stack.ENV_SWITCH, "1" if stacked else "0")
+    llm = LLM(model=str(model_dir), max_total_tokens=4096, page_size=16, **config)
+    model = llm.engine.model
+    seen: list[torch.Tensor] = []
+    stack_calls = [0]
+    forward = model.forward
+
+    def recording(input_ids, meta, kv_pool):
+        out = forward(input_ids, meta, kv_pool)
+        if meta.num_decode == input_ids.shape[0]:
+            seen.append(out.clone())
+        return out
+
+    model.forward = recording
+    if model.decode_stack is not None:
+        native_forward = model.decode_stack.forward
+
+        def counted(*args):
+            stack_calls[0] += 1
+            return native_forward(*args)
+
+        model.decode_stack.forward = counted
+    llm.generate(PROMPTS, SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))
+    return seen, stack_calls[0], model.decode_stack is not None
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        dict(dtype="bfloat16"),  # bf16 pairs
+        dict(dtype="bfloat16", quantization="int8"),  # int8 codes, int16 activation codes
+        dict(dtype="float32"),  # float32 columns
+    ],
+    ids=["bf16", "int8", "float32"],
+)
+def test_the_stack_gives_the_same_bits_as_the_layers(monkeypatch, llama_hd64, config):
+    stacked, calls, built = decode_hiddens(monkeypatch, llama_hd64, True, **config)
+    plain, plain_calls, plain_built = decode_hiddens(monkeypatch, llama_hd64, False, **config)
+    assert built and not plain_built and plain_calls == 0
+    assert calls == len(stacked) >= 11  # every decode-only step went through it
+    assert len(stacked) == len(plain)
+    for a, b in zip(stacked, plain, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_biases_ride_along(monkeypatch, qwen2):
+    stacked, calls, built = decode_hiddens(monkeypatch, qwen2, True, dtype="bfloat16")
+    plain, _, _ = decode_hiddens(monkeypatch, qwen2, False, dtype="bfloat16")
+    assert built and calls > 0
+    assert all(torch.equal(a, b) for a, b in zip(stacked, plain, strict=True))
+
+
+def test_layers_it_does_not_run_keep_the_old_path(monkeypatch, qwen3, smollm_tokenizer, tmp_path):
+    _, calls, built = decode_hiddens(monkeypatch, qwen3, True, dtype="bfloat16")
+    assert not built and calls == 0
+    # head_dim 16: the rotary table kernel takes multiples of 32, so no step is the stack's
+    narrow = build_tiny_model(tmp_path / "narrow", "llama", smollm_tokenizer)
+    stacked, calls, built = decode_hiddens(monkeypatch, narrow, True, dtype="bfloat16")
+    plain, _, _ = decode_hiddens(monkeypatch, narrow, False, dtype="bfloat16")
+    assert built and calls == 0
+    assert all(torch.equal(a, b) for a, b in zip(stacked, plain, strict=True))
+
+
+def test_an_fp8_cache_is_not_taken(monkeypatch, llama_hd64):
+    """The fp8 cache's decode reads scales the stack does not pass: those steps run the
+    layers one call at a time, with the same results as with no stack at all."""
+    stacked, calls, built = decode_hiddens(monkeypatch, llama_hd64, True, dtype="bfloat16", kv_cache_dtype="fp8")
+    plain, _, _ = decode_hiddens(monkeypatch, llama_hd64, False, dtype="bfloat16", kv_cache_dtype="fp8")
+    assert built and calls == 0
+    assert all(torch.equal(a, b) for a, b in zip(stacked, plain, strict=True))
