@@ -54,7 +54,8 @@ class KVPool:
         self._prefault: Prefaulter | None = None
         if prefault_bytes > 0 and getattr(self.kv, "mapped", False):
             page_bytes = page_size * num_kv_heads * head_dim * dtype.itemsize
-            self._prefault = Prefaulter(self, self.kv.data_ptr(), num_layers * 2, num_pages, page_bytes, prefault_bytes)
+            self._prefault = Prefaulter(self, self.kv.data_ptr(), num_layers * 2, num_pages, page_bytes,
+                                        prefault_bytes)
 
     def k(self, layer: int) -> torch.Tensor:
         return self._views[layer][0]

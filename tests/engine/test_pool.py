@@ -52,16 +52,8 @@ def test_a_cpu_pool_is_not_written_at_start_only_the_pages_touched_take_memory()
     """Start-up does not memset the pool (a second of a 2-core start for ~1 GiB): its
     memory comes from the kernel's zero pages, on first touch."""
     before = _rss_bytes()
-    pool = KVPool(
-        num_layers=4,
-        num_kv_heads=4,
-        head_dim=64,
-        num_pages=2048,
-        page_size=16,
-        dtype=torch.float32,
-        device=torch.device("cpu"),
-        prefault_bytes=0,
-    )  # 256 MiB
+    pool = KVPool(num_layers=4, num_kv_heads=4, head_dim=64, num_pages=2048, page_size=16,
+                  dtype=torch.float32, device=torch.device("cpu"), prefault_bytes=0)  # 256 MiB
     assert pool.bytes == 256 * 2**20
     assert _rss_bytes() - before < 32 * 2**20
     pool.k(0)[1:3].fill_(1.0)  # two pages of one layer's K
