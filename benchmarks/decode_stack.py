@@ -16,14 +16,14 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import torch
 
-from preheat.engine import SamplingParams
-from preheat.engine.config import EngineConfig
-from preheat.engine.engine import Engine
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from decode_step import EngineSide  # benchmarks/decode_step.py: an engine whose steps it times
 
 RESULTS = Path(__file__).parent / "results"
 CONFIGS = {
@@ -36,31 +36,23 @@ BATCHES = (1, 8, 16)
 PROMPT_TOKENS = 256
 
 
-def measure(engine: Engine, batch: int, rounds: int, steps: int, rng: random.Random) -> tuple[list[float], list[float]]:
+def measure(
+    side: EngineSide, batch: int, rounds: int, steps: int, rng: random.Random
+) -> tuple[list[float], list[float]]:
     """(stack step times, one-call-at-a-time step times) of `batch` decoding sequences."""
-    model = engine.model
+    model = side.engine.model
     stack = model.decode_stack
-    params = SamplingParams(max_tokens=rounds * steps * 2 + 16, temperature=0, ignore_eos=True)
-    for _ in range(batch):
-        engine.add_request([rng.randrange(1000, 40000) for _ in range(PROMPT_TOKENS)], params)
-    while engine.waiting or any(s.num_computed < s.num_tokens - 1 for s in engine.running):
-        engine.step()
-    for _ in range(3):
-        engine.step()
+    side.start([[rng.randrange(1000, 40000) for _ in range(PROMPT_TOKENS)] for _ in range(batch)])
+    side.steps(3)
     times: dict[bool, list[float]] = {True: [], False: []}
     try:
         for r in range(rounds):
             for use in (True, False) if r % 2 == 0 else (False, True):
                 model.decode_stack = stack if use else None
-                for _ in range(steps):
-                    t0 = time.perf_counter()
-                    engine.step()
-                    times[use].append(time.perf_counter() - t0)
+                times[use] += side.steps(steps)
     finally:
         model.decode_stack = stack
-        for s in list(engine.running):
-            engine.abort_request(s.request_id)
-        engine.step()
+        side.stop()
     return times[True], times[False]
 
 
@@ -77,14 +69,14 @@ def main() -> int:
     for label, config in CONFIGS.items():
         if config.get("model") == "bf16":
             config = config | {"model": bf16_dir}
-        engine = Engine(EngineConfig(max_total_tokens=32768, max_num_seqs=32, **config))
+        side = EngineSide(label, "cpu", **config)
         if config.get("quantization") == "none":
-            bf16_dir = engine.hf_dir
-        if engine.model.decode_stack is None:
+            bf16_dir = side.engine.hf_dir
+        if side.engine.model.decode_stack is None:
             rows.append(f"| {label} | - | - | - | - | (no stack: a layer it does not run) |")
             continue
         for batch in BATCHES:
-            on, off = measure(engine, batch, args.rounds, args.steps, rng)
+            on, off = measure(side, batch, args.rounds, args.steps, rng)
             a, b = statistics.median(on) * 1e3, statistics.median(off) * 1e3
             rows.append(f"| {label}, batch {batch} | {a:.2f} | {b:.2f} | {a / b:.3f} | {b - a:.2f} |")
             print(rows[-1], flush=True)
