@@ -73,7 +73,7 @@ def main() -> int:
         if config.get("quantization") == "none":
             bf16_dir = side.engine.hf_dir
         if side.engine.model.decode_stack is None:
-            rows.append(f"| {label} | - | - | - | - | (no stack: a layer it does not run) |")
+            rows.append(f"| {label} | - | - | - | (no stack: a layer it does not run) |")
             continue
         for batch in BATCHES:
             on, off = measure(side, batch, args.rounds, args.steps, rng)

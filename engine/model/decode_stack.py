@@ -40,7 +40,8 @@ class DecodeStack:
         self.native = native
         self.dtype = dtype
         self.dense_from_rows = dense_from_rows  # the smallest threshold among the products
-        self._caches: tuple[int, list[torch.Tensor], list[torch.Tensor]] | None = None
+        # The pool the layer views below were taken from (held, so its identity cannot be reused).
+        self._caches: tuple[Any, list[torch.Tensor], list[torch.Tensor]] | None = None
 
     def takes(self, ctx: StepContext, hidden: torch.Tensor, kv_pool) -> bool:
         meta = ctx.meta
@@ -58,9 +59,9 @@ class DecodeStack:
 
     def forward(self, hidden: torch.Tensor, ctx: StepContext, kv_pool) -> torch.Tensor:
         meta = ctx.meta
-        if self._caches is None or self._caches[0] != id(kv_pool):
+        if self._caches is None or self._caches[0] is not kv_pool:
             n = self.native.num_layers
-            self._caches = (id(kv_pool), [kv_pool.k(i) for i in range(n)], [kv_pool.v(i) for i in range(n)])
+            self._caches = (kv_pool, [kv_pool.k(i) for i in range(n)], [kv_pool.v(i) for i in range(n)])
         _, ks, vs = self._caches
         return self.native.forward(hidden, ctx.rope.table, ctx.rope.positions, meta.slots, ks, vs,
                                    meta.decode_page_table, meta.decode_seq_lens.to(torch.int32))  # fmt: skip
