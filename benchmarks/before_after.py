@@ -34,11 +34,21 @@ PROGRAMS = {"engine": "engine", "operator": "operator", "router": "router"}  # s
 Key = tuple[str, str, str]
 
 
+def git(*args: str, cwd: Path = REPO) -> str:
+    return subprocess.run(["git", "-C", str(cwd), *args], check=True, capture_output=True, text=True).stdout.strip()
+
+
 def checkout(rev: str, root: Path) -> Path:
     """A worktree of `rev` under root, and a package folder that maps `preheat` onto it."""
     tree = root / f"tree-{rev}"
+    commit = git("rev-parse", "--verify", f"{rev}^{{commit}}")
     if not tree.exists():
-        subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(tree), rev],
+        subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(tree), commit],
+                       check=True, capture_output=True)
+    elif git("rev-parse", "HEAD", cwd=tree) != commit:
+        # A name like HEAD or a branch moves: a tree left by an earlier run under the same
+        # name would otherwise measure whatever it pointed at then.
+        subprocess.run(["git", "-C", str(tree), "checkout", "--detach", "--force", "-q", commit],
                        check=True, capture_output=True)
     pkg = root / f"pkg-{rev}" / "preheat"
     pkg.mkdir(parents=True, exist_ok=True)
