@@ -56,6 +56,9 @@ void check_cpu(const at::Tensor& t, const char* name) {
 }
 
 constexpr int64_t MAX_CHUNKS = 512;
+// What a decode attention task costs besides its keys (loading its queries, its softmax, writing
+// its partial), in tokens' worth: a guess of the right size; it only steers the threads' split.
+constexpr int64_t TASK_FIXED_TOKENS = 16;
 
 // 0: the queries' dtype; 1, 2: fp8 e4m3 / e5m2 (read in place; see attention_avx512.cpp).
 int kv_dtype_code(const at::Tensor& cache, const at::Tensor& q) {
@@ -129,8 +132,31 @@ at::Tensor decode_attention(const KernelSet& k, const at::Tensor& q, const at::T
                    k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), pt.data_ptr<int32_t>(), pt.stride(0),
                    len, out.data_ptr(), partial.data(), B, H, KVH, D, S, chunk,
                    (float)(scale * k_scale * fp8_mult), dtype_code(q), kv_dtype, (float)(v_scale * fp8_mult)};
-  parallel_with_scratch(tasks, k.decode_attention_scratch(a), [&](int64_t begin, int64_t end, float* mine) {
-    k.decode_attention_tasks(a, task_b.data(), task_chunk.data(), num_chunks.data(), mine, begin, end);
+  // Each thread a run of tasks holding about as many keys as the others' (a task costs its
+  // tokens plus about TASK_FIXED_TOKENS for its queries, softmax and partial): rows of very
+  // different lengths split evenly by task count left one thread most of the keys.
+  const int64_t runs = std::min<int64_t>(threads, tasks);
+  std::vector<int64_t> cut(runs + 1, tasks);
+  cut[0] = 0;
+  {
+    std::vector<int64_t> cost(tasks);
+    int64_t all = 0;
+    for (int64_t t = 0; t < tasks; ++t) {
+      const int64_t t0 = task_chunk[t] * chunk;
+      cost[t] = std::min<int64_t>(len[task_b[t]], t0 + chunk) - t0 + TASK_FIXED_TOKENS;
+      all += cost[t];
+    }
+    int64_t sum = 0, t = 0;
+    for (int64_t r = 1; r < runs; ++r) {
+      sum += cost[t++];  // run r - 1 holds a task at least
+      // Then up to the boundary nearest r / runs of the cost, leaving each later run a task.
+      while (t < tasks - (runs - r) && 2 * (sum + cost[t]) * runs <= 2 * r * all + cost[t] * runs) sum += cost[t++];
+      cut[r] = t;
+    }
+  }
+  parallel_with_scratch(runs, k.decode_attention_scratch(a), [&](int64_t begin, int64_t end, float* mine) {
+    for (int64_t r = begin; r < end; ++r)
+      k.decode_attention_tasks(a, task_b.data(), task_chunk.data(), num_chunks.data(), mine, cut[r], cut[r + 1]);
   });
   if (tasks > B) {
     at::parallel_for(0, B * H, 16, [&](int64_t begin, int64_t end) {
