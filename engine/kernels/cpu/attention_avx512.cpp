@@ -14,9 +14,12 @@
 // every page; the kernel asks for pages itself (see LineStream), a few lines between
 // computations: keys and values FAR_BLOCKS blocks ahead while scoring, the next block's
 // values while weighing, and the next task's first blocks while weighing this one's.
-// Measured on the AMD EPYC host (2 cores, batch 8 and 16, contexts 256-650, inside decode
-// steps): 0.80-0.85x the attention time of asking for whole blocks at once two blocks ahead,
-// which stalled the core on the prefetches themselves once the miss queue was full.
+// Measured on the AMD EPYC host (2 cores; batch 8 and 16, contexts 256-650, timers around
+// the kernel inside decode steps): 0.75-0.88x the attention time of asking for whole blocks
+// at once two blocks ahead, which stalled the core on the prefetches themselves once the
+// miss queue was full (perf put ~15% of the kernel's samples on those loops); whole decode
+// steps 0.92-0.97x at batch 8 and 16 with contexts of 768, ~0.94x at batch 16 with 256
+// (benchmarks/results/decode_attention_prefetch_steps*.md).
 #include <initializer_list>
 
 #include "avx512_common.h"
