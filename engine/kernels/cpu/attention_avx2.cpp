@@ -4,7 +4,8 @@
 // differs is the arithmetic at 8 lanes: each key row is converted to float32 once and
 // dotted with every query head of its group (FMA, then a horizontal sum), and values are
 // weighed in float32. For a bfloat16 cache the probabilities are rounded to bfloat16 before
-// they weigh the values, as the AVX-512 build (and SDPA's bfloat16 path) does.
+// they weigh the values, as the AVX-512 build (and SDPA's bfloat16 path) does. Pages are
+// asked for as in the AVX-512 build (LineStream, portable.h).
 #include "avx2_common.h"
 
 namespace preheat {
@@ -36,6 +37,8 @@ inline __m256 load8_fill(const float* s, int64_t i, int64_t n, float fill) {
 }
 
 struct Scratch {
+  LineStream* upcoming;  // the next task's first blocks, asked for while this one weighs values
+  bool first_asked;      // this task's first blocks were the previous task's `upcoming`
   float* s;     // [H, chunk]: scores, then probabilities
   float* o;     // [H, D]: output accumulators
   float* vf;    // [16, D]: one kv head's value rows in float32
@@ -60,12 +63,13 @@ void attend_chunk(const DecodeAttnArgs& a, int64_t b, int64_t t0, int64_t t1, bo
   for (int64_t blk = t0; blk < t1; blk += 16) {
     const int64_t n = imin(16, t1 - blk);
     token_rows(a, a.k_cache, pages, blk, n, KS, krow);
-    token_rows(a, a.v_cache, pages, blk, n, KS, vrow);
-    const int64_t row_bytes = a.KVH * D * KS;
-    for (int64_t i = 0; i < n; ++i)  // this block's values (read after all scores) to L2
-      for (int64_t off = 0; off < row_bytes; off += 64) _mm_prefetch(vrow[i] + off, _MM_HINT_T1);
+    // Keys and values ahead (see ask_ahead_of_scores), a share before each key row.
+    LineStream far;
+    ask_ahead_of_scores(far, a, pages, blk, t0, t1, sc.first_asked, KS);
+    const int64_t far_share = far.share(a.KVH * n);
     for (int64_t kvh = 0; kvh < a.KVH; ++kvh) {
       for (int64_t i = 0; i < n; ++i) {
+        far.issue(far_share);
         const char* kr = krow[i] + kvh * a.kv_stride_head * KS;
         for (int64_t v = 0; v < DV; ++v) kf[v] = load_kv8<DT, KT>(kr + v * 8 * KS);
         for (int64_t g = 0; g < G; ++g) {
@@ -104,10 +108,13 @@ void attend_chunk(const DecodeAttnArgs& a, int64_t b, int64_t t0, int64_t t1, bo
   }
   // Weighted values, 16 tokens at a time.
   for (int64_t i = 0; i < H * D; i += 8) _mm256_storeu_ps(sc.o + i, _mm256_setzero_ps());
+  WeighAhead ahead(a, sc.upcoming, pages, t0, t1, KS);
   for (int64_t blk = t0; blk < t1; blk += 16) {
     const int64_t n = imin(16, t1 - blk);
     token_rows(a, a.v_cache, pages, blk, n, KS, vrow);
+    ahead.block(blk);
     for (int64_t kvh = 0; kvh < a.KVH; ++kvh) {
+      ahead.head();
       for (int64_t i = 0; i < n; ++i)
         for (int64_t v = 0; v < DV; ++v)
           _mm256_storeu_ps(sc.vf + i * D + v * 8, load_kv8<DT, KT>(vrow[i] + (kvh * a.kv_stride_head + v * 8) * KS));
@@ -148,9 +155,11 @@ int64_t decode_attention_scratch(const DecodeAttnArgs& a) {
 void decode_attention_tasks(const DecodeAttnArgs& a, const int32_t* task_b, const int32_t* task_chunk,
                             const int32_t* num_chunks, float* scratch, int64_t begin, int64_t end) {
   float* o = scratch + a.H * a.chunk;
-  const Scratch sc{scratch, o, o + a.H * a.D, o + a.H * a.D + 16 * a.D};
-  for_each_task(a, task_b, task_chunk, num_chunks, begin, end,
-                [&](int64_t b, int64_t t0, int64_t t1, bool direct, float* part) {
+  LineStream upcoming;
+  Scratch sc{&upcoming, false, scratch, o, o + a.H * a.D, o + a.H * a.D + 16 * a.D};
+  for_each_task(a, task_b, task_chunk, num_chunks, begin, end, kv_value_bytes(a), upcoming,
+                [&](int64_t b, int64_t t0, int64_t t1, bool direct, float* part, bool first_asked) {
+                  sc.first_asked = first_asked;
                   with_attention_types(a, [&](auto dt, auto kt, auto d) {
                     attend_chunk<decltype(d)::value / 8, decltype(dt)::value, decltype(kt)::value>(
                         a, b, t0, t1, direct, part, sc);

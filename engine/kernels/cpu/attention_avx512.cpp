@@ -62,91 +62,12 @@ inline __m512 reduce16(const __m512* v) {
   return _mm512_add_ps(_mm512_shuffle_f32x4(z0, z1, 0x88), _mm512_shuffle_f32x4(z0, z1, 0xDD));
 }
 
-constexpr int64_t FAR_BLOCKS = 3;  // blocks of 16 tokens between the one scored and the one asked for
-
-// Cache lines to ask for (into L2), handed out a few at a time between computations. Rows
-// that follow each other in memory (a page's, whenever its rows are contiguous) make one
-// stretch. Holds up to CAP stretches; more are dropped (only prefetches).
-class LineStream {
- public:
-  void reset(int64_t row_bytes) {
-    n_ = cur_ = total_ = 0;
-    row_bytes_ = row_bytes;
-  }
-  void add(const char* const* rows, int64_t k) {
-    for (int64_t i = 0; i < k && n_ < CAP;) {
-      int64_t j = i + 1;
-      while (j < k && rows[j] == rows[j - 1] + row_bytes_) ++j;
-      start_[n_] = rows[i];
-      lines_[n_] = ((j - i) * row_bytes_ + 63) / 64;
-      total_ += lines_[n_++];
-      i = j;
-    }
-  }
-  // The rows of tokens [t, t + n) of one cache, n <= 16.
-  template <typename Args>
-  void add_tokens(const Args& a, const void* cache, const int32_t* pages, int64_t t, int64_t n, int64_t esz) {
-    if (n <= 0) return;
-    const char* rows[16];
-    token_rows(a, cache, pages, t, n, esz, rows);
-    add(rows, n);
-  }
-  int64_t total() const { return total_; }
-  // Lines per call when the stream is spread over `calls` calls.
-  int64_t share(int64_t calls) const { return (total_ + calls - 1) / calls; }
-  inline void issue(int64_t count) {
-    while (count > 0 && cur_ < n_) {
-      const int64_t k = imin(count, lines_[cur_]);
-      const char* p = start_[cur_];
-      for (int64_t l = 0; l < k; ++l) _mm_prefetch(p + l * 64, _MM_HINT_T1);
-      count -= k;
-      if (k == lines_[cur_]) {
-        ++cur_;
-      } else {
-        start_[cur_] = p + k * 64;
-        lines_[cur_] -= k;
-      }
-    }
-  }
-
- private:
-  static constexpr int64_t CAP = 128;
-  const char* start_[CAP];
-  int64_t lines_[CAP];
-  int64_t n_ = 0, cur_ = 0, total_ = 0, row_bytes_ = 64;
-};
-
 struct Scratch {
   LineStream* upcoming;  // the next task's first blocks, asked for while this one weighs values
   bool first_asked;      // this task's first blocks were the previous task's `upcoming`
   float* s;     // [H, chunk]: scores, then probabilities
   float* o;     // [H, D]: output accumulators
   float* vf;    // [16, D]: one kv head's value rows in float32
-};
-
-// What the values loops ask for as they go: the next block's values (a share per kv head)
-// and the next task's first blocks (spread over every block and kv head of this task).
-class WeighAhead {
- public:
-  WeighAhead(const DecodeAttnArgs& a, const Scratch& sc, const int32_t* pages, int64_t t0, int64_t t1, int64_t esz)
-      : a_(a), sc_(sc), pages_(pages), t1_(t1), esz_(esz),
-        upcoming_share_(sc.upcoming->share(imax(1, (t1 - t0 + 15) / 16 * a.KVH))) {}
-  void block(int64_t blk) {
-    values_.reset(a_.KVH * a_.D * esz_);
-    values_.add_tokens(a_, a_.v_cache, pages_, blk + 16, imin(16, t1_ - blk - 16), esz_);
-    values_share_ = values_.share(a_.KVH);
-  }
-  void head() {
-    sc_.upcoming->issue(upcoming_share_);
-    values_.issue(values_share_);
-  }
-
- private:
-  const DecodeAttnArgs& a_;
-  const Scratch& sc_;
-  const int32_t* pages_;
-  int64_t t1_, esz_, upcoming_share_, values_share_ = 0;
-  LineStream values_;
 };
 
 // Scores of one head against 16 key rows (rows[i] = row i's key for this kv head).
@@ -182,7 +103,7 @@ void weigh_values(const DecodeAttnArgs& a, const int32_t* pages, int64_t t0, int
   const int64_t DV = DVC > 0 ? DVC : a.D / 16;
   const int64_t G = a.H / a.KVH, D = a.D, esz = kv_size<DT, KT>();
   const char* vrow[16];
-  WeighAhead ahead(a, sc, pages, t0, t1, esz);
+  WeighAhead ahead(a, sc.upcoming, pages, t0, t1, esz);
   for (int64_t blk = t0; blk < t1; blk += 16) {
     const int64_t n = imin(16, t1 - blk);
     token_rows(a, a.v_cache, pages, blk, n, esz, vrow);
@@ -224,7 +145,7 @@ void weigh_values_bf16(const DecodeAttnArgs& a, const int32_t* pages, int64_t t0
                           f32_to_bf16(_mm512_maskz_loadu_ps(tail_mask(len - i), sc.s + h * a.chunk + i)));
   __m512 acc[MAX_DV];
   const char* vrow[16];
-  WeighAhead ahead(a, sc, pages, t0, t1, 2);
+  WeighAhead ahead(a, sc.upcoming, pages, t0, t1, 2);
   for (int64_t blk = t0; blk < t1; blk += 16) {
     const int64_t n = imin(16, t1 - blk), pairs = (n + 1) / 2;
     token_rows(a, a.v_cache, pages, blk, n, 2, vrow);
@@ -279,7 +200,7 @@ void weigh_values_bf16_regs(const DecodeAttnArgs& a, const int32_t* pages, int64
   const uint32_t* pp = (const uint32_t*)sc.vf;  // [H, chunk / 2] probability pairs (t, t + 1) as bf16
   // The accumulators in sc.o keep unpack{lo,hi}'s lane order until the end.
   const char* vrow[16];
-  WeighAhead ahead(a, sc, pages, t0, t1, 2);
+  WeighAhead ahead(a, sc.upcoming, pages, t0, t1, 2);
   for (int64_t blk = t0; blk < t1; blk += 16) {
     const int64_t n = imin(16, t1 - blk), pairs = (n + 1) / 2, p0 = (blk - t0) / 2;
     token_rows(a, a.v_cache, pages, blk, n, 2, vrow);
@@ -338,18 +259,9 @@ void attend_chunk(const DecodeAttnArgs& a, int64_t b, int64_t t0, int64_t t1, bo
   for (int64_t blk = t0; blk < t1; blk += 16) {
     const int64_t n = imin(16, t1 - blk);
     token_rows(a, a.k_cache, pages, blk, n, kesz, krow);
-    // Keys and values FAR_BLOCKS blocks ahead, a share before each head's scores; at a
-    // task's start (unless the previous task asked for them) the blocks before those too.
+    // Keys and values ahead (see ask_ahead_of_scores), a share before each head's scores.
     LineStream far;
-    far.reset(a.KVH * a.D * kesz);
-    if (blk == t0 && !sc.first_asked) {
-      far.add_tokens(a, a.v_cache, pages, blk, n, kesz);
-      for (int64_t d = 1; d < FAR_BLOCKS; ++d)
-        for (const void* cache : {a.k_cache, a.v_cache})
-          far.add_tokens(a, cache, pages, blk + 16 * d, imin(16, t1 - blk - 16 * d), kesz);
-    }
-    for (const void* cache : {a.k_cache, a.v_cache})
-      far.add_tokens(a, cache, pages, blk + 16 * FAR_BLOCKS, imin(16, t1 - blk - 16 * FAR_BLOCKS), kesz);
+    ask_ahead_of_scores(far, a, pages, blk, t0, t1, sc.first_asked, kesz);
     const int64_t far_share = far.share(H);
     for (int64_t kvh = 0; kvh < a.KVH; ++kvh) {
       const char* rows[16];
@@ -419,24 +331,14 @@ void decode_attention_tasks(const DecodeAttnArgs& a, const int32_t* task_b, cons
                             const int32_t* num_chunks, float* scratch, int64_t begin, int64_t end) {
   LineStream upcoming;
   Scratch sc{&upcoming, false, scratch, scratch + a.H * a.chunk, scratch + a.H * a.chunk + a.H * a.D};
-  const int64_t kesz = a.kv_dtype != 0 ? 1 : a.dtype == 0 ? 4 : 2;
-  for (int64_t t = begin; t < end; ++t) {
-    const int64_t b = task_b[t], t0 = task_chunk[t] * a.chunk, t1 = imin(a.seq_lens[b], t0 + a.chunk);
-    // The next task of this thread: its first FAR_BLOCKS blocks, asked for while this one
-    // weighs its values.
-    upcoming.reset(a.KVH * a.D * kesz);
-    if (t + 1 < end) {
-      const int64_t nb = task_b[t + 1], n0 = task_chunk[t + 1] * a.chunk, n1 = imin(a.seq_lens[nb], n0 + a.chunk);
-      const int32_t* np = a.page_table + nb * a.pt_stride;
-      for (int64_t blk = n0; blk < imin(n1, n0 + 16 * FAR_BLOCKS); blk += 16)
-        for (const void* cache : {a.k_cache, a.v_cache}) upcoming.add_tokens(a, cache, np, blk, imin(16, n1 - blk), kesz);
-    }
-    with_attention_types(a, [&](auto dt, auto kt, auto d) {
-      attend_chunk<decltype(d)::value / 16, decltype(dt)::value, decltype(kt)::value>(
-          a, b, t0, t1, num_chunks[b] == 1, a.partial + t * a.H * (a.D + 2), sc);
-    });
-    sc.first_asked = t + 1 < end;
-  }
+  for_each_task(a, task_b, task_chunk, num_chunks, begin, end, kv_value_bytes(a), upcoming,
+                [&](int64_t b, int64_t t0, int64_t t1, bool direct, float* part, bool first_asked) {
+                  sc.first_asked = first_asked;
+                  with_attention_types(a, [&](auto dt, auto kt, auto d) {
+                    attend_chunk<decltype(d)::value / 16, decltype(dt)::value, decltype(kt)::value>(
+                        a, b, t0, t1, direct, part, sc);
+                  });
+                });
 }
 
 void decode_attention_combine(const DecodeAttnArgs& a, const int64_t* first_task, const int32_t* num_chunks,

@@ -64,17 +64,135 @@ inline void token_rows(const Args& a, const void* cache, const int32_t* pages, i
   for (int64_t i = n; i < 16; ++i) rows[i] = rows[0];
 }
 
-// Decode-attention tasks [begin, end): attend(dtype tag, row b, t0, t1, direct, partial)
-// for each, `direct` when the row's context is one chunk (written to `out` at once).
+// Memory for decode attention: each page lies anywhere in the pool, so the hardware
+// prefetchers stop at every page; the kernels ask for pages themselves, a few cache lines
+// between computations (a burst of a block's lines at once stalled the core on the
+// prefetches once the miss queue was full): keys and values FAR_BLOCKS blocks ahead while
+// scoring, the next block's values while weighing, the next task's first blocks during this
+// task's values.
+constexpr int64_t FAR_BLOCKS = 3;  // blocks of 16 tokens between the one scored and the one asked for
+
+// Cache lines to ask for (into L2), handed out a few at a time between computations. Rows
+// that follow each other in memory (a page's, whenever its rows are contiguous) make one
+// stretch. Holds up to CAP stretches; more are dropped (only prefetches).
+class LineStream {
+ public:
+  void reset(int64_t row_bytes) {
+    n_ = cur_ = total_ = 0;
+    row_bytes_ = row_bytes;
+  }
+  void add(const char* const* rows, int64_t k) {
+    for (int64_t i = 0; i < k && n_ < CAP;) {
+      int64_t j = i + 1;
+      while (j < k && rows[j] == rows[j - 1] + row_bytes_) ++j;
+      start_[n_] = rows[i];
+      lines_[n_] = ((j - i) * row_bytes_ + 63) / 64;
+      total_ += lines_[n_++];
+      i = j;
+    }
+  }
+  // The rows of tokens [t, t + n) of one cache, n <= 16.
+  template <typename Args>
+  void add_tokens(const Args& a, const void* cache, const int32_t* pages, int64_t t, int64_t n, int64_t esz) {
+    if (n <= 0) return;
+    const char* rows[16];
+    token_rows(a, cache, pages, t, n, esz, rows);
+    add(rows, n);
+  }
+  int64_t total() const { return total_; }
+  // Lines per call when the stream is spread over `calls` calls.
+  int64_t share(int64_t calls) const { return (total_ + calls - 1) / calls; }
+  inline void issue(int64_t count) {
+    while (count > 0 && cur_ < n_) {
+      const int64_t k = imin(count, lines_[cur_]);
+      const char* p = start_[cur_];
+      for (int64_t l = 0; l < k; ++l) _mm_prefetch(p + l * 64, _MM_HINT_T1);
+      count -= k;
+      if (k == lines_[cur_]) {
+        ++cur_;
+      } else {
+        start_[cur_] = p + k * 64;
+        lines_[cur_] -= k;
+      }
+    }
+  }
+
+ private:
+  static constexpr int64_t CAP = 128;
+  const char* start_[CAP];
+  int64_t lines_[CAP];
+  int64_t n_ = 0, cur_ = 0, total_ = 0, row_bytes_ = 64;
+};
+
+// What the values loops ask for as they go: the next block's values (a share per kv head)
+// and the next task's first blocks (spread over every block and kv head of this task).
+class WeighAhead {
+ public:
+  WeighAhead(const DecodeAttnArgs& a, LineStream* upcoming, const int32_t* pages, int64_t t0, int64_t t1, int64_t esz)
+      : a_(a), upcoming_(upcoming), pages_(pages), t1_(t1), esz_(esz),
+        upcoming_share_(upcoming->share(imax(1, (t1 - t0 + 15) / 16 * a.KVH))) {}
+  void block(int64_t blk) {
+    values_.reset(a_.KVH * a_.D * esz_);
+    values_.add_tokens(a_, a_.v_cache, pages_, blk + 16, imin(16, t1_ - blk - 16), esz_);
+    values_share_ = values_.share(a_.KVH);
+  }
+  void head() {
+    upcoming_->issue(upcoming_share_);
+    values_.issue(values_share_);
+  }
+
+ private:
+  const DecodeAttnArgs& a_;
+  LineStream* upcoming_;
+  const int32_t* pages_;
+  int64_t t1_, esz_, upcoming_share_, values_share_ = 0;
+  LineStream values_;
+};
+
+// The lines a scoring pass asks for at block `blk` of a task over [t0, t1): keys and values
+// FAR_BLOCKS blocks ahead; at the task's first block, unless the previous task asked for
+// them (`first_asked`), this block's values and the blocks in between as well.
+inline void ask_ahead_of_scores(LineStream& far, const DecodeAttnArgs& a, const int32_t* pages, int64_t blk,
+                                int64_t t0, int64_t t1, bool first_asked, int64_t esz) {
+  far.reset(a.KVH * a.D * esz);
+  if (blk == t0 && !first_asked) {
+    far.add_tokens(a, a.v_cache, pages, blk, imin(16, t1 - blk), esz);
+    for (int64_t d = 1; d < FAR_BLOCKS; ++d) {
+      far.add_tokens(a, a.k_cache, pages, blk + 16 * d, imin(16, t1 - blk - 16 * d), esz);
+      far.add_tokens(a, a.v_cache, pages, blk + 16 * d, imin(16, t1 - blk - 16 * d), esz);
+    }
+  }
+  far.add_tokens(a, a.k_cache, pages, blk + 16 * FAR_BLOCKS, imin(16, t1 - blk - 16 * FAR_BLOCKS), esz);
+  far.add_tokens(a, a.v_cache, pages, blk + 16 * FAR_BLOCKS, imin(16, t1 - blk - 16 * FAR_BLOCKS), esz);
+}
+
+// Decode-attention tasks [begin, end): attend(row b, t0, t1, direct, partial, first_asked)
+// for each, `direct` when the row's context is one chunk (written to `out` at once). Before
+// each, `upcoming` holds the next task's first FAR_BLOCKS blocks (keys and values, `esz`
+// bytes a value), which the kernel asks for while it weighs this task's values;
+// `first_asked` tells a task that its own were asked for that way.
 template <typename Attend>
 inline void for_each_task(const DecodeAttnArgs& a, const int32_t* task_b, const int32_t* task_chunk,
-                          const int32_t* num_chunks, int64_t begin, int64_t end, Attend&& attend) {
+                          const int32_t* num_chunks, int64_t begin, int64_t end, int64_t esz, LineStream& upcoming,
+                          Attend&& attend) {
   for (int64_t t = begin; t < end; ++t) {
     const int64_t b = task_b[t], c = task_chunk[t];
     const int64_t t0 = c * a.chunk, t1 = imin(a.seq_lens[b], t0 + a.chunk);
-    attend(b, t0, t1, num_chunks[b] == 1, a.partial + t * a.H * (a.D + 2));
+    upcoming.reset(a.KVH * a.D * esz);
+    if (t + 1 < end) {
+      const int64_t nb = task_b[t + 1], n0 = task_chunk[t + 1] * a.chunk, n1 = imin(a.seq_lens[nb], n0 + a.chunk);
+      const int32_t* np = a.page_table + nb * a.pt_stride;
+      for (int64_t blk = n0; blk < imin(n1, n0 + 16 * FAR_BLOCKS); blk += 16) {
+        upcoming.add_tokens(a, a.k_cache, np, blk, imin(16, n1 - blk), esz);
+        upcoming.add_tokens(a, a.v_cache, np, blk, imin(16, n1 - blk), esz);
+      }
+    }
+    attend(b, t0, t1, num_chunks[b] == 1, a.partial + t * a.H * (a.D + 2), t > begin);
   }
 }
+
+// Bytes of one cached value: an fp8 cache's byte, else the model's dtype.
+inline int64_t kv_value_bytes(const DecodeAttnArgs& a) { return a.kv_dtype != 0 ? 1 : a.dtype == 0 ? 4 : 2; }
 
 // float32 to bf16 bits, round-to-nearest-even (as torch and vcvtneps2bf16); NaN stays NaN.
 inline uint16_t bf16_bits(float f) {
