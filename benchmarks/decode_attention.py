@@ -82,7 +82,8 @@ def main(argv: list[str] | None = None) -> None:
         f"Written by `benchmarks/decode_attention.py`: SmolLM2-135M's layer shape ({HEADS} query heads, "
         f"{KV_HEADS} kv heads, head_dim {HEAD_DIM}), bfloat16 KV in {PAGE}-token pages in random order, "
         f"{LAYERS} layers with their own pages called in turn (the KV comes from memory), {args.threads} threads, "
-        f"{args.rounds} passes; {platform.machine()}, {os.cpu_count()} CPUs, {platform.processor() or 'cpu'}.",
+        f"{args.rounds} passes; the {getattr(kernels, 'isa', '?')} build of the kernels; {platform.machine()}, "
+        f"{os.cpu_count()} CPUs.",
         "",
         "| batch | tokens | us per layer (median) | us (min) | KV read GB/s (median) |",
         "| --- | ---: | ---: | ---: | ---: |",
