@@ -43,13 +43,11 @@ def checkout(rev: str, root: Path) -> Path:
     tree = root / f"tree-{rev}"
     commit = git("rev-parse", "--verify", f"{rev}^{{commit}}")
     if not tree.exists():
-        subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(tree), commit],
-                       check=True, capture_output=True)
+        git("worktree", "add", "--detach", str(tree), commit)
     elif git("rev-parse", "HEAD", cwd=tree) != commit:
         # A name like HEAD or a branch moves: a tree left by an earlier run under the same
         # name would otherwise measure whatever it pointed at then.
-        subprocess.run(["git", "-C", str(tree), "checkout", "--detach", "--force", "-q", commit],
-                       check=True, capture_output=True)
+        git("checkout", "--detach", "--force", "-q", commit, cwd=tree)
     pkg = root / f"pkg-{rev}" / "preheat"
     pkg.mkdir(parents=True, exist_ok=True)
     for f in (tree / "cli").iterdir():

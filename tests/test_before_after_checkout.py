@@ -14,10 +14,7 @@ REPO = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("before_after", REPO / "benchmarks" / "before_after.py")
 before_after = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(before_after)
-
-
-def git(*args: str, cwd: Path = REPO) -> str:
-    return subprocess.run(["git", "-C", str(cwd), *args], check=True, capture_output=True, text=True).stdout.strip()
+git = before_after.git
 
 
 @pytest.fixture

@@ -157,7 +157,7 @@ void decode_attention_tasks(const DecodeAttnArgs& a, const int32_t* task_b, cons
   float* o = scratch + a.H * a.chunk;
   LineStream upcoming;
   Scratch sc{&upcoming, false, scratch, o, o + a.H * a.D, o + a.H * a.D + 16 * a.D};
-  for_each_task(a, task_b, task_chunk, num_chunks, begin, end, kv_value_bytes(a), upcoming,
+  for_each_task(a, task_b, task_chunk, num_chunks, begin, end, upcoming,
                 [&](int64_t b, int64_t t0, int64_t t1, bool direct, float* part, bool first_asked) {
                   sc.first_asked = first_asked;
                   with_attention_types(a, [&](auto dt, auto kt, auto d) {

@@ -331,7 +331,7 @@ void decode_attention_tasks(const DecodeAttnArgs& a, const int32_t* task_b, cons
                             const int32_t* num_chunks, float* scratch, int64_t begin, int64_t end) {
   LineStream upcoming;
   Scratch sc{&upcoming, false, scratch, scratch + a.H * a.chunk, scratch + a.H * a.chunk + a.H * a.D};
-  for_each_task(a, task_b, task_chunk, num_chunks, begin, end, kv_value_bytes(a), upcoming,
+  for_each_task(a, task_b, task_chunk, num_chunks, begin, end, upcoming,
                 [&](int64_t b, int64_t t0, int64_t t1, bool direct, float* part, bool first_asked) {
                   sc.first_asked = first_asked;
                   with_attention_types(a, [&](auto dt, auto kt, auto d) {

@@ -166,15 +166,19 @@ inline void ask_ahead_of_scores(LineStream& far, const DecodeAttnArgs& a, const 
   far.add_tokens(a, a.v_cache, pages, blk + 16 * FAR_BLOCKS, imin(16, t1 - blk - 16 * FAR_BLOCKS), esz);
 }
 
+// Bytes of one cached value: an fp8 cache's byte, else the model's dtype.
+inline int64_t kv_value_bytes(const DecodeAttnArgs& a) { return a.kv_dtype != 0 ? 1 : a.dtype == 0 ? 4 : 2; }
+
 // Decode-attention tasks [begin, end): attend(row b, t0, t1, direct, partial, first_asked)
 // for each, `direct` when the row's context is one chunk (written to `out` at once). Before
-// each, `upcoming` holds the next task's first FAR_BLOCKS blocks (keys and values, `esz`
-// bytes a value), which the kernel asks for while it weighs this task's values;
+// each, `upcoming` holds the next task's first FAR_BLOCKS blocks (keys and values), which
+// the kernel asks for while it weighs this task's values;
 // `first_asked` tells a task that its own were asked for that way.
 template <typename Attend>
 inline void for_each_task(const DecodeAttnArgs& a, const int32_t* task_b, const int32_t* task_chunk,
-                          const int32_t* num_chunks, int64_t begin, int64_t end, int64_t esz, LineStream& upcoming,
+                          const int32_t* num_chunks, int64_t begin, int64_t end, LineStream& upcoming,
                           Attend&& attend) {
+  const int64_t esz = kv_value_bytes(a);
   for (int64_t t = begin; t < end; ++t) {
     const int64_t b = task_b[t], c = task_chunk[t];
     const int64_t t0 = c * a.chunk, t1 = imin(a.seq_lens[b], t0 + a.chunk);
@@ -190,9 +194,6 @@ inline void for_each_task(const DecodeAttnArgs& a, const int32_t* task_b, const 
     attend(b, t0, t1, num_chunks[b] == 1, a.partial + t * a.H * (a.D + 2), t > begin);
   }
 }
-
-// Bytes of one cached value: an fp8 cache's byte, else the model's dtype.
-inline int64_t kv_value_bytes(const DecodeAttnArgs& a) { return a.kv_dtype != 0 ? 1 : a.dtype == 0 ? 4 : 2; }
 
 // float32 to bf16 bits, round-to-nearest-even (as torch and vcvtneps2bf16); NaN stays NaN.
 inline uint16_t bf16_bits(float f) {
