@@ -109,3 +109,50 @@ def test_an_fp8_cache_is_not_taken(monkeypatch, llama_hd64):
     plain, _, _ = decode_hiddens(monkeypatch, llama_hd64, False, dtype="bfloat16", kv_cache_dtype="fp8")
     assert built and calls == 0
     assert all(torch.equal(a, b) for a, b in zip(stacked, plain, strict=True))
+
+
+@pytest.mark.parametrize(
+    "config",
+    [dict(dtype="bfloat16"), dict(dtype="bfloat16", quantization="int8"), dict(dtype="float32"),
+     dict(dtype="bfloat16", quantization="int8", int8_activation_bits=8)],
+    ids=["bf16", "int8", "float32", "int8-8bit-activations"],
+)
+def test_one_parallel_region_gives_the_bits_of_one_call_at_a_time(monkeypatch, llama_hd64, config):
+    """forward runs the step's layers in one parallel region (forward_team, the threads
+    meeting at a barrier between phases); forward_calls one entry point after another. With
+    1, 2 or 3 threads (more threads than this machine's cores included) both give the same
+    hidden states and write the same K/V."""
+    if config.get("int8_activation_bits") == 8 and 8 not in kernels.int8_activation_bits_choices:
+        pytest.skip("8-bit activation codes need the AVX-512 VNNI build")  # the AVX2 build runs 16 only
+    monkeypatch.setenv(decode_stack.ENV_SWITCH, "1")
+    llm = LLM(model=str(llama_hd64), max_total_tokens=4096, page_size=16, **config)
+    stack = llm.engine.model.decode_stack
+    assert stack is not None
+    native, captured = stack.native, []
+
+    class Recorder:
+        num_layers = native.num_layers
+
+        def forward(self, *args):
+            if len(captured) < 3:
+                captured.append(args)
+            return native.forward(*args)
+
+    stack.native = Recorder()
+    llm.generate(PROMPTS, SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))
+    stack.native = native
+    assert captured
+    threads = torch.get_num_threads()
+    try:
+        for args in captured:
+            rows = args[0].shape[0]
+            for n in (1, 2, 3):
+                torch.set_num_threads(n)
+                one_at_a_time = native.forward_calls(*args)
+                caches = [c.clone() for c in args[4] + args[5]]
+                together = native.forward(*args)
+                assert together.shape == (rows, args[0].shape[1])
+                assert torch.equal(together, one_at_a_time), f"{n} threads"
+                assert all(torch.equal(c, d) for c, d in zip(caches, args[4] + args[5], strict=True))
+    finally:
+        torch.set_num_threads(threads)

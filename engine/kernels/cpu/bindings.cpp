@@ -7,6 +7,7 @@
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <array>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "kernels.h"
+#include "step_team.h"
 
 namespace preheat {
 
@@ -60,14 +62,6 @@ constexpr int64_t MAX_CHUNKS = 512;
 // its partial), in tokens' worth: a guess of the right size; it only steers the threads' split.
 constexpr int64_t TASK_FIXED_TOKENS = 16;
 
-// 0: the queries' dtype; 1, 2: fp8 e4m3 / e5m2 (read in place; see attention_avx512.cpp).
-int kv_dtype_code(const at::Tensor& cache, const at::Tensor& q) {
-  if (cache.scalar_type() == at::kFloat8_e4m3fn) return 1;
-  if (cache.scalar_type() == at::kFloat8_e5m2) return 2;
-  TORCH_CHECK(cache.scalar_type() == q.scalar_type(), "q and the caches must share a dtype (or the caches be fp8)");
-  return 0;
-}
-
 // at::parallel_for over tasks [0, n), one at a time, each of torch's threads handed its own
 // `per_thread` floats of scratch: f(begin, end, scratch).
 template <typename F>
@@ -79,90 +73,131 @@ void parallel_with_scratch(int64_t n, int64_t per_thread, F&& f) {
   });
 }
 
-at::Tensor decode_attention(const KernelSet& k, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                            const at::Tensor& page_table, const at::Tensor& seq_lens, double scale,
-                            double k_scale, double v_scale) {
-  check_cpu(q, "q");
-  TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1, "q must be [B, H, D] with contiguous heads");
+// What a batch's decode attention needs besides the layer's q, caches and output: the chunk
+// size, the tasks (row, chunk) and their split between threads, the partials' buffer. A
+// step plans once; every layer of it reads the same rows (decode_stack.h).
+struct DecodeAttnPlan {
+  at::Tensor pt, lens;  // contiguous, held for the pointers in `a`
+  DecodeAttnArgs a{};   // all but q, the caches and out
+  std::vector<int32_t> num_chunks, task_b, task_chunk;
+  std::vector<int64_t> first_task;
+  std::vector<int64_t> cut;  // runs + 1 task boundaries: run r holds tasks [cut[r], cut[r + 1])
+  std::vector<float> partial;
+  int64_t tasks = 0, runs = 0, scratch = 0;
+
+  // Run r's tasks with `args` (`a` with one layer's q, caches and out) and its own
+  // `scratch` floats.
+  void run(const KernelSet& k, const DecodeAttnArgs& args, int64_t r, float* mine) const {
+    k.decode_attention_tasks(args, task_b.data(), task_chunk.data(), num_chunks.data(), mine, cut[r], cut[r + 1]);
+  }
+  // Whether rows were split into chunks whose partials `combine` merges.
+  bool chunked() const { return tasks > a.B; }
+  // Merges the partials of (row, head) pairs [begin, end) of B * H.
+  void combine(const KernelSet& k, const DecodeAttnArgs& args, int64_t begin, int64_t end) const {
+    k.decode_attention_combine(args, first_task.data(), num_chunks.data(), begin, end);
+  }
+};
+
+// Checks the caches, page table and lengths against q's shape [B, H, D] and plans the tasks
+// for `threads` threads; the caller sets a.q (and strides), a.k_cache, a.v_cache and a.out.
+DecodeAttnPlan plan_decode_attention(const KernelSet& k, int64_t B, int64_t H, int64_t D, int q_dtype,
+                                     const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& page_table,
+                                     const at::Tensor& seq_lens, double scale, double k_scale, double v_scale,
+                                     int64_t threads) {
   TORCH_CHECK(k_cache.dim() == 4 && k_cache.stride(3) == 1 && v_cache.strides() == k_cache.strides(),
               "caches must be [pages, page_size, kv_heads, D] with equal strides");
-  const int kv_dtype = kv_dtype_code(k_cache, q);
+  int kv_dtype = 0;
+  if (k_cache.scalar_type() == at::kFloat8_e4m3fn) kv_dtype = 1;
+  else if (k_cache.scalar_type() == at::kFloat8_e5m2) kv_dtype = 2;
+  else
+    TORCH_CHECK((q_dtype == 0 ? at::kFloat : at::kBFloat16) == k_cache.scalar_type(),
+                "q and the caches must share a dtype (or the caches be fp8)");
   TORCH_CHECK(v_cache.scalar_type() == k_cache.scalar_type(), "the caches must share a dtype");
   // e4m3 values are read as value / 256 (see load16_fp8): the factor joins the scales.
   const double fp8_mult = kv_dtype == 1 ? 256.0 : 1.0;
   if (kv_dtype == 0) k_scale = v_scale = 1.0;
   TORCH_CHECK(page_table.scalar_type() == at::kInt && seq_lens.scalar_type() == at::kInt,
               "page_table and seq_lens must be int32");
-  const int64_t B = q.size(0), H = q.size(1), D = q.size(2), S = k_cache.size(1), KVH = k_cache.size(2);
+  const int64_t S = k_cache.size(1), KVH = k_cache.size(2);
   TORCH_CHECK(k_cache.size(3) == D && D % 16 == 0 && D <= 256, "head_dim must be a multiple of 16, at most 256");
   TORCH_CHECK(H % KVH == 0 && H <= 256, "query heads must be a multiple of the kv heads, at most 256");
-  auto pt = page_table.contiguous();
-  auto lens = seq_lens.contiguous();
-  TORCH_CHECK(pt.size(0) == B && lens.size(0) == B, "page_table and seq_lens need one row per query");
-  auto out = at::empty({B, H, D}, q.options());
-  if (B == 0) return out;
-  const int32_t* len = lens.data_ptr<int32_t>();
+  DecodeAttnPlan p;
+  p.pt = page_table.contiguous();
+  p.lens = seq_lens.contiguous();
+  TORCH_CHECK(p.pt.size(0) == B && p.lens.size(0) == B, "page_table and seq_lens need one row per query");
+  const int32_t* len = p.lens.data_ptr<int32_t>();
   int64_t total = 0, longest = 0;
   for (int64_t b = 0; b < B; ++b) {
-    TORCH_CHECK(len[b] >= 1 && (len[b] + S - 1) / S <= pt.size(1), "seq_lens out of range of the page table");
+    TORCH_CHECK(len[b] >= 1 && (len[b] + S - 1) / S <= p.pt.size(1), "seq_lens out of range of the page table");
     total += len[b];
     longest = std::max<int64_t>(longest, len[b]);
   }
   // Chunks small enough that every thread gets several tasks, large enough to amortise
   // loading the queries and merging partials; at most MAX_CHUNKS per row.
-  const int64_t threads = at::get_num_threads();
   int64_t chunk = (total + 4 * threads - 1) / (4 * threads);
   chunk = std::clamp<int64_t>(chunk, 32, 256);
   chunk = std::max<int64_t>(chunk, (longest + MAX_CHUNKS - 1) / MAX_CHUNKS);
   chunk = (chunk + 15) / 16 * 16;  // whole blocks of 16 tokens
   TORCH_CHECK(chunk <= 256, "context too long for the CPU decode kernel");
-  std::vector<int32_t> num_chunks(B), task_b, task_chunk;
-  std::vector<int64_t> first_task(B);
+  p.num_chunks.resize(B);
+  p.first_task.resize(B);
   for (int64_t b = 0; b < B; ++b) {
-    num_chunks[b] = (int32_t)((len[b] + chunk - 1) / chunk);
-    first_task[b] = (int64_t)task_b.size();
-    for (int32_t c = 0; c < num_chunks[b]; ++c) {
-      task_b.push_back((int32_t)b);
-      task_chunk.push_back(c);
+    p.num_chunks[b] = (int32_t)((len[b] + chunk - 1) / chunk);
+    p.first_task[b] = (int64_t)p.task_b.size();
+    for (int32_t c = 0; c < p.num_chunks[b]; ++c) {
+      p.task_b.push_back((int32_t)b);
+      p.task_chunk.push_back(c);
     }
   }
-  const int64_t tasks = (int64_t)task_b.size();
-  std::vector<float> partial(tasks > B ? tasks * H * (D + 2) : 0);
-  DecodeAttnArgs a{q.data_ptr(), q.stride(0), q.stride(1), k_cache.data_ptr(), v_cache.data_ptr(),
-                   k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), pt.data_ptr<int32_t>(), pt.stride(0),
-                   len, out.data_ptr(), partial.data(), B, H, KVH, D, S, chunk,
-                   (float)(scale * k_scale * fp8_mult), dtype_code(q), kv_dtype, (float)(v_scale * fp8_mult)};
+  const int64_t tasks = p.tasks = (int64_t)p.task_b.size();
+  p.partial.resize(tasks > B ? tasks * H * (D + 2) : 0);
+  p.a = DecodeAttnArgs{nullptr, 0, 0, nullptr, nullptr, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+                       p.pt.data_ptr<int32_t>(), p.pt.stride(0), len, nullptr, p.partial.data(), B, H, KVH, D, S,
+                       chunk, (float)(scale * k_scale * fp8_mult), q_dtype, kv_dtype, (float)(v_scale * fp8_mult)};
+  p.scratch = B > 0 ? k.decode_attention_scratch(p.a) : 0;
   // Each thread a run of tasks holding about as many keys as the others' (a task costs its
   // tokens plus about TASK_FIXED_TOKENS for its queries, softmax and partial): rows of very
   // different lengths split evenly by task count left one thread most of the keys.
-  const int64_t runs = std::min<int64_t>(threads, tasks);
-  std::vector<int64_t> cut(runs + 1, tasks);
-  cut[0] = 0;
-  {
-    std::vector<int64_t> cost(tasks);
-    int64_t all = 0;
-    for (int64_t t = 0; t < tasks; ++t) {
-      const int64_t t0 = task_chunk[t] * chunk;
-      cost[t] = std::min<int64_t>(len[task_b[t]], t0 + chunk) - t0 + TASK_FIXED_TOKENS;
-      all += cost[t];
-    }
-    int64_t sum = 0, t = 0;
-    for (int64_t r = 1; r < runs; ++r) {
-      sum += cost[t++];  // run r - 1 holds a task at least
-      // Then up to the boundary nearest r / runs of the cost, leaving each later run a task.
-      while (t < tasks - (runs - r) && 2 * (sum + cost[t]) * runs <= 2 * r * all + cost[t] * runs) sum += cost[t++];
-      cut[r] = t;
-    }
+  const int64_t runs = p.runs = std::min<int64_t>(threads, tasks);
+  p.cut.assign(runs + 1, tasks);
+  p.cut[0] = 0;
+  std::vector<int64_t> cost(tasks);
+  int64_t all = 0;
+  for (int64_t t = 0; t < tasks; ++t) {
+    const int64_t t0 = p.task_chunk[t] * chunk;
+    cost[t] = std::min<int64_t>(len[p.task_b[t]], t0 + chunk) - t0 + TASK_FIXED_TOKENS;
+    all += cost[t];
   }
-  parallel_with_scratch(runs, k.decode_attention_scratch(a), [&](int64_t begin, int64_t end, float* mine) {
-    for (int64_t r = begin; r < end; ++r)
-      k.decode_attention_tasks(a, task_b.data(), task_chunk.data(), num_chunks.data(), mine, cut[r], cut[r + 1]);
+  int64_t sum = 0, t = 0;
+  for (int64_t r = 1; r < runs; ++r) {
+    sum += cost[t++];  // run r - 1 holds a task at least
+    // Then up to the boundary nearest r / runs of the cost, leaving each later run a task.
+    while (t < tasks - (runs - r) && 2 * (sum + cost[t]) * runs <= 2 * r * all + cost[t] * runs) sum += cost[t++];
+    p.cut[r] = t;
+  }
+  return p;
+}
+
+at::Tensor decode_attention(const KernelSet& k, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                            const at::Tensor& page_table, const at::Tensor& seq_lens, double scale,
+                            double k_scale, double v_scale) {
+  check_cpu(q, "q");
+  TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1, "q must be [B, H, D] with contiguous heads");
+  const int64_t B = q.size(0), H = q.size(1), D = q.size(2);
+  DecodeAttnPlan p = plan_decode_attention(k, B, H, D, dtype_code(q), k_cache, v_cache, page_table, seq_lens, scale,
+                                           k_scale, v_scale, at::get_num_threads());
+  auto out = at::empty({B, H, D}, q.options());
+  if (B == 0) return out;
+  p.a.q = q.data_ptr();
+  p.a.q_stride_b = q.stride(0);
+  p.a.q_stride_h = q.stride(1);
+  p.a.k_cache = k_cache.data_ptr();
+  p.a.v_cache = v_cache.data_ptr();
+  p.a.out = out.data_ptr();
+  parallel_with_scratch(p.runs, p.scratch, [&](int64_t begin, int64_t end, float* mine) {
+    for (int64_t r = begin; r < end; ++r) p.run(k, p.a, r, mine);
   });
-  if (tasks > B) {
-    at::parallel_for(0, B * H, 16, [&](int64_t begin, int64_t end) {
-      k.decode_attention_combine(a, first_task.data(), num_chunks.data(), begin, end);
-    });
-  }
+  if (p.chunked()) at::parallel_for(0, B * H, 16, [&](int64_t begin, int64_t end) { p.combine(k, p.a, begin, end); });
   return out;
 }
 
@@ -558,6 +593,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("forward", &preheat::DecodeStack::forward, pybind11::call_guard<pybind11::gil_scoped_release>(),
            pybind11::arg("h"), pybind11::arg("cos_sin"), pybind11::arg("positions"), pybind11::arg("slots"),
            pybind11::arg("k_caches"), pybind11::arg("v_caches"), pybind11::arg("page_table"), pybind11::arg("seq_lens"))
+      .def("forward_calls", &preheat::DecodeStack::forward_calls, pybind11::call_guard<pybind11::gil_scoped_release>(),
+           pybind11::arg("h"), pybind11::arg("cos_sin"), pybind11::arg("positions"), pybind11::arg("slots"),
+           pybind11::arg("k_caches"), pybind11::arg("v_caches"), pybind11::arg("page_table"), pybind11::arg("seq_lens"),
+           "the layers one entry point at a time, each its own parallel region (what forward does on one thread)")
       .def_property_readonly("num_layers", &preheat::DecodeStack::num_layers);
   for (const preheat::KernelSet* k : preheat::SETS) {
     auto sub = m.def_submodule(k->name, "the kernels built for this instruction set");

@@ -28,6 +28,86 @@ struct StackLayer {
   StackLinear qkv, o, gate_up, down;
 };
 
+// One layer product as a phase of forward_team: its arguments, filled in before the region,
+// and the kernel that runs a thread's column blocks; int8 codes first quantize their rows.
+struct TeamProduct {
+  GemmArgs a{};
+  void (*blocks)(const GemmArgs&, int64_t, int64_t) = nullptr;
+  int act_bits = 0;  // 8 or 16: the activations are quantized first; 0: read as they are
+
+  bool quantizes() const { return act_bits != 0; }
+  void quantize(const KernelSet& k, const void* x, int64_t ldx, int dt, int64_t m0, int64_t m1) const {
+    if (act_bits != 0 && m0 < m1)
+      k.quantize_activations(x, ldx, dt, a.K, act_bits, const_cast<void*>(a.x), const_cast<float*>(a.xs),
+                             const_cast<float*>(a.xsum), m0, m1);
+  }
+  // Column blocks as over_column_blocks splits them.
+  void run(const KernelSet&, int t, int nt) const {
+    const auto [b, e] = share_of((a.N + 15) / 16, 4, t, nt);
+    if (b < e) blocks(a, b, e);
+  }
+};
+
+// Checks a product against its input width K as linear_bf16 / linear_f32 / linear_int8 do and
+// chooses the kernel they would for `rows` rows of h's dtype.
+inline TeamProduct team_product(const KernelSet& k, const StackLinear& l, const void* x, int64_t K, int64_t rows, const void* residual,
+                                void* y, const at::Tensor& h, const at::Tensor& xq, const at::Tensor& xs,
+                                const at::Tensor& xsum) {
+  TeamProduct p;
+  GemmArgs& a = p.a;
+  const int dt = dtype_code(h);
+  const int64_t N = l.n;
+  if (l.kind == 0) {
+    TORCH_CHECK(dt == 1 && l.packed.dim() == 4 && l.packed.size(2) == 16 && l.packed.size(3) == 2 &&
+                    l.packed.is_contiguous() && l.packed.size(0) == (N + 15) / 16 && l.packed.size(1) * 2 == K,
+                "packed weight does not match x");
+    p.blocks = k.gemm_bf16_blocks;
+  } else if (l.kind == 1) {
+    TORCH_CHECK(dt == 0 && l.packed.dim() == 3 && l.packed.size(2) == 16 && l.packed.is_contiguous() &&
+                    l.packed.scalar_type() == at::kFloat && l.packed.size(0) == (N + 15) / 16 && l.packed.size(1) == K,
+                "packed float32 weight [ceil(N/16), K, 16] does not match x");
+    p.blocks = k.gemm_f32_blocks;
+  } else {
+    TORCH_CHECK(l.activation_bits == 16 || (l.activation_bits == 8 && k.activation_bits == 8), "linear_int8: the ",
+                k.name, " build takes activation_bits ", k.activation_bits == 8 ? "8 or 16" : "16", ", got ",
+                l.activation_bits);
+    TORCH_CHECK(K % 32 == 0, "K must be a multiple of 32");
+    const auto [bits, codes_k] = packed_codes(l.packed, *l.scales, N, "linear_int8");
+    TORCH_CHECK(codes_k == K, "int8 weight codes do not match x");
+    a.dm = (const uint16_t*)l.scales->data_ptr();
+    a.code_bits = bits;
+    a.act_bits = (int)l.activation_bits;
+  }
+  a.x = x;
+  a.ldx = K;
+  if (l.kind == 2) {
+    if (l.activation_bits == 16 && dt == 1 && k.gemm_int8_bf16_blocks != nullptr && k.int8_bf16_panel_rows > 0 &&
+        rows >= k.int8_bf16_panel_rows) {
+      p.blocks = k.gemm_int8_bf16_blocks;  // bf16 rows times a dequantized panel, as linear_int8 at these rows
+    } else {
+      p.blocks = k.gemm_int8_blocks;
+      p.act_bits = (int)l.activation_bits;
+      a.x = xq.data_ptr();  // [rows, K] codes (buffers as wide as the widest product)
+      a.xs = xs.data_ptr<float>();
+      a.xsum = xsum.data_ptr<float>();
+    }
+  }
+  a.w = l.packed.data_ptr();
+  a.K = K;
+  if (l.bias) {
+    TORCH_CHECK(l.bias->is_contiguous() && l.bias->numel() == N && l.bias->scalar_type() == h.scalar_type(), "bad bias");
+    a.bias = l.bias->data_ptr();
+  }
+  a.residual = residual;
+  a.ldr = residual != nullptr ? N : 0;
+  a.y = y;
+  a.ldy = N;
+  a.M = rows;
+  a.N = N;
+  a.out_dtype = dt;
+  return p;
+}
+
 class DecodeStack {
  public:
   using LinearSpec = std::tuple<int64_t, at::Tensor, c10::optional<at::Tensor>, c10::optional<at::Tensor>, int64_t, int64_t>;
@@ -48,9 +128,22 @@ class DecodeStack {
   }
 
   // h [rows, hidden] (the embedded tokens) -> the last layer's output, before the final norm.
-  at::Tensor forward(at::Tensor h, const at::Tensor& cos_sin, const at::Tensor& positions, const at::Tensor& slots,
-                     const std::vector<at::Tensor>& k_caches, const std::vector<at::Tensor>& v_caches,
-                     const at::Tensor& page_table, const at::Tensor& seq_lens) const {
+  // With two threads or more, one parallel region runs every layer (forward_team); else one
+  // entry point after another (forward_calls). Both give the same bits.
+  at::Tensor forward(const at::Tensor& h, const at::Tensor& cos_sin, const at::Tensor& positions,
+                     const at::Tensor& slots, const std::vector<at::Tensor>& k_caches,
+                     const std::vector<at::Tensor>& v_caches, const at::Tensor& page_table,
+                     const at::Tensor& seq_lens) const {
+    if (at::get_num_threads() < 2 || at::in_parallel_region())
+      return forward_calls(h, cos_sin, positions, slots, k_caches, v_caches, page_table, seq_lens);
+    return forward_team(h, cos_sin, positions, slots, k_caches, v_caches, page_table, seq_lens);
+  }
+
+  // The layers one entry point at a time, each its own parallel region: what the layers'
+  // Python path calls, in its order.
+  at::Tensor forward_calls(at::Tensor h, const at::Tensor& cos_sin, const at::Tensor& positions, const at::Tensor& slots,
+                           const std::vector<at::Tensor>& k_caches, const std::vector<at::Tensor>& v_caches,
+                           const at::Tensor& page_table, const at::Tensor& seq_lens) const {
     TORCH_CHECK(k_caches.size() == layers_.size() && v_caches.size() == layers_.size(),
                 "decode stack: one K and one V cache per layer");
     const int64_t rows = h.size(0);
@@ -64,6 +157,140 @@ class DecodeStack {
       h = l.down.apply(*k_, silu_mul(*k_, gu), h);
     }
     return h;
+  }
+
+  // The same kernels with the same arguments and splits, but the threads stay in one
+  // parallel region for the whole step and meet at a barrier between phases (step_team.h):
+  // a region per call cost a fork and a join five times a layer, and at batch 1 the second
+  // thread sat idle through ~a third of the step while the first allocated outputs, checked
+  // arguments and ran the one-row kernels (perf, SmolLM2 4-bit). Buffers are allocated and
+  // arguments checked once, before the region.
+  at::Tensor forward_team(const at::Tensor& h, const at::Tensor& cos_sin, const at::Tensor& positions,
+                          const at::Tensor& slots, const std::vector<at::Tensor>& k_caches,
+                          const std::vector<at::Tensor>& v_caches, const at::Tensor& page_table,
+                          const at::Tensor& seq_lens) const {
+    const int64_t L = (int64_t)layers_.size();
+    TORCH_CHECK(k_caches.size() == layers_.size() && v_caches.size() == layers_.size(),
+                "decode stack: one K and one V cache per layer");
+    check_cpu(h, "h");
+    TORCH_CHECK(h.dim() == 2 && h.stride(1) == 1, "decode stack: h must be [rows, hidden] with contiguous rows");
+    const int dt = dtype_code(h);
+    const int64_t rows = h.size(0), hidden = h.size(1), HD = H_ * D_, QKV = (H_ + 2 * KVH_) * D_;
+    auto out = at::empty({rows, hidden}, h.options());
+    if (rows == 0 || L == 0) return L == 0 ? h : out;
+    // The rotary write's checks (rope_kv), once for all layers.
+    TORCH_CHECK(cos_sin.dim() == 2 && cos_sin.size(1) == 2 * D_ && cos_sin.is_contiguous() &&
+                    cos_sin.scalar_type() == h.scalar_type(),
+                "rope_kv: bad cos_sin table");
+    TORCH_CHECK(D_ % 32 == 0, "rope_kv: head_dim must be a multiple of 32");
+    auto pos = positions.contiguous();
+    auto sl = slots.contiguous();
+    TORCH_CHECK(pos.scalar_type() == at::kLong && sl.scalar_type() == at::kLong && pos.numel() >= rows &&
+                    sl.numel() >= rows,
+                "rope_kv: int64 positions and slots for every row expected");
+    for (int64_t i = 0; i < L; ++i) {
+      const at::Tensor &kc = k_caches[i], &vc = v_caches[i];
+      TORCH_CHECK(kc.is_contiguous() && vc.is_contiguous() && kc.scalar_type() == h.scalar_type() &&
+                      vc.scalar_type() == h.scalar_type() && kc.dim() == 4 && kc.size(-1) == D_ &&
+                      kc.size(-2) == KVH_ && kc.sizes() == k_caches[0].sizes() && vc.sizes() == kc.sizes(),
+                  "decode stack: every layer's caches contiguous [pages, page_size, KVH, D] of the activation dtype");
+    }
+    const int64_t num_slots = k_caches[0].numel() / (KVH_ * D_);
+    const int64_t* p = pos.data_ptr<int64_t>();
+    const int64_t* s = sl.data_ptr<int64_t>();
+    for (int64_t i = 0; i < rows; ++i) {
+      TORCH_CHECK(p[i] >= 0 && p[i] < cos_sin.size(0), "rope_kv: position beyond the cos/sin table");
+      TORCH_CHECK(s[i] >= 0 && s[i] < num_slots, "rope_kv: slot out of range");
+    }
+    const int64_t threads = at::get_num_threads();
+    DecodeAttnPlan plan = plan_decode_attention(*k_, rows, H_, D_, dt, k_caches[0], v_caches[0], page_table, seq_lens,
+                                                scale_, 1.0, 1.0, threads);
+    // Activations, each layer's in the same buffers; the residual stream alternates between
+    // `mid` (after attention) and `out` (after the MLP), the first layer reading h.
+    auto opts = h.options();
+    auto xn = at::empty({rows, hidden}, opts), mid = at::empty({rows, hidden}, opts);
+    auto qkv = at::empty({rows, QKV}, opts), q = at::empty({rows, H_, D_}, opts), att = at::empty({rows, H_, D_}, opts);
+    const int64_t inter = layers_[0].gate_up.n / 2;
+    auto gu = at::empty({rows, 2 * inter}, opts), act = at::empty({rows, inter}, opts);
+    const int64_t widest = std::max({hidden, HD, inter});
+    auto xq = at::empty({rows, widest}, opts.dtype(at::kShort));
+    auto xs = at::empty({rows, widest / 32 + 1}, opts.dtype(at::kFloat));
+    auto xsum = at::empty({rows, widest / 32 + 1}, opts.dtype(at::kFloat));
+    const KernelSet& k = *k_;
+    std::vector<TeamProduct> products(4 * L);
+    for (int64_t i = 0; i < L; ++i) {
+      const StackLayer& l = layers_[i];
+      TORCH_CHECK(l.input_norm.numel() == hidden && l.post_norm.numel() == hidden &&
+                      l.input_norm.scalar_type() == h.scalar_type() && l.post_norm.scalar_type() == h.scalar_type(),
+                  "rms_norm: x [M, n] and weight [n] of one dtype expected");
+      TORCH_CHECK(l.qkv.n == QKV && l.o.n == hidden && l.gate_up.n == 2 * inter && l.down.n == hidden,
+                  "decode stack: layer ", i, "'s products do not chain (qkv, o, gate_up, down)");
+      const void* resid = i == 0 ? h.data_ptr() : out.data_ptr();
+      products[4 * i] = team_product(k, l.qkv, xn.data_ptr(), hidden, rows, nullptr, qkv.data_ptr(), h, xq, xs, xsum);
+      products[4 * i + 1] = team_product(k, l.o, att.data_ptr(), HD, rows, resid, mid.data_ptr(), h, xq, xs, xsum);
+      products[4 * i + 2] = team_product(k, l.gate_up, xn.data_ptr(), hidden, rows, nullptr, gu.data_ptr(), h, xq, xs, xsum);
+      products[4 * i + 3] = team_product(k, l.down, act.data_ptr(), inter, rows, mid.data_ptr(), out.data_ptr(), h, xq, xs, xsum);
+    }
+    RopeKVArgs rope{qkv.data_ptr(), QKV, H_, KVH_, D_, cos_sin.data_ptr(), p, s, q.data_ptr(), nullptr, nullptr, dt};
+    DecodeAttnArgs attn = plan.a;
+    attn.q = q.data_ptr();
+    attn.q_stride_b = H_ * D_;
+    attn.q_stride_h = D_;
+    attn.out = att.data_ptr();
+    std::vector<float> scratch(plan.scratch * threads);
+    SpinBarrier barrier;
+        const float eps = (float)eps_;
+#pragma omp parallel num_threads(threads)
+    {
+      const int nt = omp_get_num_threads(), t = omp_get_thread_num();
+      float* mine = scratch.data() + plan.scratch * std::min<int64_t>(t, threads - 1);
+      // Rows of the one-row kernels (norms, quantizing, the rotary write, SiLU): split as
+      // rope_kv and silu_mul split them, so that a row's norm or SiLU and its quantizing fall
+      // to the same thread and need no barrier between them.
+      const auto [r0, r1] = share_of(rows, 16, t, nt);
+      // (row, head) pairs whose chunk partials this thread merges: its own rows', so that it
+      // quantizes them for the o product with no barrier between.
+      const int64_t c0 = r0 * H_, c1 = r1 * H_;
+      auto sync = [&] { barrier.wait(nt); };
+      for (int64_t i = 0; i < L; ++i) {
+        const StackLayer& l = layers_[i];
+        const TeamProduct* pr = products.data() + 4 * i;
+        const void* resid = i == 0 ? h.data_ptr() : out.data_ptr();
+        k.rms_norm_rows(resid, hidden, l.input_norm.data_ptr(), xn.data_ptr(), hidden, hidden, eps, dt, r0, r1);
+        pr[0].quantize(k, xn.data_ptr(), hidden, dt, r0, r1);
+        sync();
+        pr[0].run(k, t, nt);
+        sync();
+        RopeKVArgs ri = rope;
+        ri.k_cache = k_caches[i].data_ptr();
+        ri.v_cache = v_caches[i].data_ptr();
+        k.rope_kv_rows(ri, r0, r1);
+        sync();
+        DecodeAttnArgs ai = attn;
+        ai.k_cache = k_caches[i].data_ptr();
+        ai.v_cache = v_caches[i].data_ptr();
+        for (int64_t r = t; r < plan.runs; r += nt) plan.run(k, ai, r, mine);
+        if (plan.chunked() || pr[1].quantizes()) {
+          sync();
+          if (plan.chunked() && c0 < c1) plan.combine(k, ai, c0, c1);
+          pr[1].quantize(k, att.data_ptr(), HD, dt, r0, r1);
+        }
+        sync();
+        pr[1].run(k, t, nt);
+        sync();
+        k.rms_norm_rows(mid.data_ptr(), hidden, l.post_norm.data_ptr(), xn.data_ptr(), hidden, hidden, eps, dt, r0, r1);
+        pr[2].quantize(k, xn.data_ptr(), hidden, dt, r0, r1);
+        sync();
+        pr[2].run(k, t, nt);
+        sync();
+        k.silu_mul_rows(gu.data_ptr(), 2 * inter, act.data_ptr(), inter, inter, dt, r0, r1);
+        pr[3].quantize(k, act.data_ptr(), inter, dt, r0, r1);
+        sync();
+        pr[3].run(k, t, nt);
+        sync();
+      }
+    }
+    return out;
   }
 
   int64_t num_layers() const { return (int64_t)layers_.size(); }
