@@ -244,10 +244,11 @@ class DecodeStack {
     {
       const int nt = omp_get_num_threads(), t = omp_get_thread_num();
       float* mine = scratch.data() + plan.scratch * std::min<int64_t>(t, threads - 1);
-      // Rows of the one-row kernels (norms, quantizing, the rotary write, SiLU): split as
-      // rope_kv and silu_mul split them, so that a row's norm or SiLU and its quantizing fall
-      // to the same thread and need no barrier between them.
-      const auto [r0, r1] = share_of(rows, 16, t, nt);
+      // Rows of the one-row kernels (norms, quantizing, the rotary write, SiLU), each thread
+      // a share: the calls kept up to 16 or 64 rows on one thread, as a fork cost more than
+      // the rows; here the others would wait at the barrier. A row's norm or SiLU and its
+      // quantizing fall to the same thread and need no barrier between them.
+      const auto [r0, r1] = share_of(rows, 1, t, nt);
       // (row, head) pairs whose chunk partials this thread merges: its own rows', so that it
       // quantizes them for the o product with no barrier between.
       const int64_t c0 = r0 * H_, c1 = r1 * H_;
