@@ -1,0 +1,185 @@
+"""This CPU's rate of 512-bit dot-product instructions, and the floor it sets on a decode
+step's multiply-adds beside the memory floor (benchmarks/bandwidth.py).
+
+At batch 1 a decode step reads every weight once and does one multiply-add per weight: the
+memory sets its floor. At batch 8 it does eight per weight read, and the instruction that
+does them decides whether it still can: vdpbf16ps (bf16 weights and activations, 32
+multiply-adds: 16 lanes x a pair), vpdpwssd (int8 / 4-bit codes against 16-bit activation
+codes, the default: 32) or vpdpbusd (8-bit activation codes, --int8-activation-bits 8: 64).
+Measured here: each instruction on 16 independent accumulators (no dependency stalls, no
+memory), on every thread at once for a fixed count, instructions per second; then each
+format's multiply-adds per step (rows x the model's weights, attention left out) over that
+rate, against the memory floor and issue 28's goal of 1.5x it.
+
+    python benchmarks/dot_product_rate.py [--threads N]   # writes benchmarks/results/dot_product_rate.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bandwidth  # benchmarks/bandwidth.py, beside this file
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+SOURCE = r"""
+#include <immintrin.h>
+#include <chrono>
+#include <thread>
+#include <vector>
+
+template <int KIND>
+static double run_one(long count) {
+  __m512 f[16];
+  __m512i n[16];
+  for (int i = 0; i < 16; ++i) { f[i] = _mm512_set1_ps(0.0f); n[i] = _mm512_setzero_si512(); }
+  const __m512i a = _mm512_set1_epi32(0x3f803f80), b = _mm512_set1_epi32(0x00010001);
+  for (long it = 0; it < count / 16; ++it) {
+    for (int i = 0; i < 16; ++i) {
+      if (KIND == 0) f[i] = _mm512_dpbf16_ps(f[i], (__m512bh)a, (__m512bh)a);
+      if (KIND == 1) n[i] = _mm512_dpwssd_epi32(n[i], b, b);
+      if (KIND == 2) n[i] = _mm512_dpbusd_epi32(n[i], b, b);
+    }
+    asm volatile("" ::: "memory");
+  }
+  double sink = 0;
+  for (int i = 0; i < 16; ++i) sink += _mm512_reduce_add_ps(f[i]) + _mm512_reduce_add_epi32(n[i]);
+  return sink;
+}
+
+// Instructions per second of one kind (0 vdpbf16ps, 1 vpdpwssd, 2 vpdpbusd) summed over
+// `threads` threads running at once, `count` each.
+double dot_rate(int64_t kind, int64_t threads, int64_t count) {
+  std::vector<std::thread> pool;
+  std::vector<double> sinks(threads);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int64_t t = 0; t < threads; ++t)
+    pool.emplace_back([&, t] {
+      sinks[t] = kind == 0 ? run_one<0>(count) : kind == 1 ? run_one<1>(count) : run_one<2>(count);
+    });
+  for (auto& th : pool) th.join();
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return sinks[0] == -1.0 ? 0.0 : (double)count * threads / s;
+}
+"""
+
+INSTRUCTIONS = [  # (name, multiply-adds per instruction, what uses it)
+    ("vdpbf16ps", 32, "bf16"),
+    ("vpdpwssd", 32, "int8 / 4-bit codes, 16-bit activation codes (default)"),
+    ("vpdpbusd", 64, "int8 / 4-bit codes, 8-bit activation codes"),
+]
+
+
+@dataclass
+class ModelFacts:
+    weights: int  # multiply-adds per row: the matrices' weights, the LM head once
+    bytes: dict[str, int]  # weight bytes a step reads, per format
+    kv_bytes_per_token: int  # all layers' K and V of one token, bf16
+
+
+def model_facts() -> ModelFacts:
+    """The embedded model as decode_step.py builds its sides: bf16 (the GGUF dequantized),
+    the GGUF's own blocks, and the bf16 checkpoint quantized to 8-bit codes."""
+    from preheat.engine.kernels.linear import LinearWeight
+    from preheat.engine.llm import LLM
+
+    bf16 = LLM(max_num_seqs=4, max_total_tokens=2048, quantization="none").engine
+    model = bf16.model
+    weights = [w for layer in model.layers for part in (layer.attn, layer.mlp)
+               for w in vars(part).values() if isinstance(w, LinearWeight)] + [model.lm_head]  # fmt: skip
+    gguf = LLM(max_num_seqs=4, max_total_tokens=2048, quantization="int8").engine.model
+    codes = LLM(model=bf16.hf_dir, max_num_seqs=4, max_total_tokens=2048, quantization="int8").engine.model
+    spec = model.spec
+    return ModelFacts(sum(w.out_features * w.in_features for w in weights),
+                      {"bf16": model.step_weight_bytes, "gguf": gguf.step_weight_bytes, "codes": codes.step_weight_bytes},
+                      spec.num_layers * 2 * spec.num_kv_heads * spec.head_dim * 2)  # fmt: skip
+
+
+def run(threads: int, count: int, context: int) -> str:
+    from torch.utils.cpp_extension import load_inline
+
+    rates_gbps = [bandwidth.measure(threads).best]
+
+    module = load_inline("preheat_dot_rate", cpp_sources=[SOURCE], functions=["dot_rate"],
+                         extra_cflags=["-O2", "-mavx512f", "-mavx512bw", "-mavx512bf16", "-mavx512vnni"],
+                         verbose=False)  # fmt: skip
+    rates = {}
+    for kind, (name, _, _) in enumerate(INSTRUCTIONS):
+        module.dot_rate(kind, threads, count // 10)  # warm: clocks up
+        rates[name] = max(module.dot_rate(kind, threads, count) for _ in range(3))
+        one = max(module.dot_rate(kind, 1, count) for _ in range(3))
+        rates[name + " (1 thread)"] = one
+    facts = model_facts()
+    weights = facts.weights
+    rates_gbps.append(bandwidth.measure(threads).best)
+    gbps = max(rates_gbps)  # the fastest: the strictest memory floor (decode_step.py's choice)
+    lines = [
+        "## Dot-product rate and the compute floor of a decode step",
+        "",
+        f"Written by `benchmarks/dot_product_rate.py` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
+        f"{threads} threads, {os.cpu_count()} CPUs. Each instruction on 16 independent accumulators, no "
+        f"memory, {count:,} per thread, best of 3.",
+        "",
+        "| instruction | multiply-adds | G instructions/s, 1 thread | G instructions/s, all threads | multiply-adds/s, all threads | used by |",
+        "| --- | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for name, macs, use in INSTRUCTIONS:
+        lines.append(f"| {name} | {macs} | {rates[name + ' (1 thread)'] / 1e9:.2f} | {rates[name] / 1e9:.2f} | "
+                     f"{rates[name] * macs / 1e9:.0f} G | {use} |")  # fmt: skip
+    lines += [
+        "",
+        f"The embedded model's matrices: {weights / 1e6:.1f} M weights (the LM head once); a step reads "
+        f"{facts.bytes['bf16'] / 1e6:.0f} MB of them in bf16, {facts.bytes['codes'] / 1e6:.0f} MB as 8-bit "
+        f"codes, {facts.bytes['gguf'] / 1e6:.0f} MB in the GGUF's own blocks, plus "
+        f"{facts.kv_bytes_per_token / 1e3:.1f} kB of bf16 KV per token of context ({context} tokens a row "
+        f"here, decode_step.py's mean). Memory rate: {gbps:.1f} GB/s, the faster of "
+        + " and ".join(f"{g:.1f}" for g in rates_gbps)
+        + " measured at the start and the end (bandwidth.py, best of copy / triad / read; on this VM it "
+        "moves between ~50 and ~80 GB/s). Compute floor = rows x weights / the multiply-adds per second above (attention, "
+        "norms and everything else left out: a floor below the real one); memory floor = (weight bytes + "
+        "the batch's KV) / the rate, as decode_step.py counts it.",
+        "",
+        "| format | instruction | batch | compute floor ms | memory floor ms | 1.5x memory floor ms | compute / memory |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    formats = [("bf16", "vdpbf16ps", facts.bytes["bf16"]), ("int8 (8-bit codes)", "vpdpwssd", facts.bytes["codes"]),
+               ("4-bit (GGUF blocks)", "vpdpwssd", facts.bytes["gguf"]),
+               ("4-bit, 8-bit activation codes", "vpdpbusd", facts.bytes["gguf"])]  # fmt: skip
+    macs = {name: m for name, m, _ in INSTRUCTIONS}
+    for fmt, instr, nbytes in formats:
+        for batch in (1, 8, 16):
+            compute = batch * weights / (rates[instr] * macs[instr]) * 1e3
+            memory = bandwidth.floor_ms(nbytes + batch * context * facts.kv_bytes_per_token, gbps)
+            lines.append(f"| {fmt} | {instr} | {batch} | {compute:.2f} | {memory:.2f} | {1.5 * memory:.2f} | "
+                         f"{compute / memory:.2f} |")  # fmt: skip
+    lines += [
+        "",
+        "Where the compute floor alone passes 1.5x the memory floor, issue 28's goal for that cell cannot be "
+        "met by any kernel on this CPU: the multiply-adds take longer than the goal allows.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    ap.add_argument("--count", type=int, default=200_000_000, help="instructions per thread per measurement")
+    ap.add_argument("--context", type=int, default=273, help="tokens of context per row (decode_step.py: 256 growing by 34)")
+    ap.add_argument("--out", default=str(RESULTS / "dot_product_rate.md"))
+    args = ap.parse_args()
+    report = run(args.threads, args.count, args.context)
+    Path(args.out).write_text(report)
+    print(report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
