@@ -5,9 +5,11 @@
 // against a 4 ms step. The stack holds every layer's weights once and runs the same entry
 // points in the same order with the same arguments as DecoderLayer.forward's decode path
 // (engine/model/decoder.py, layers.py), so its output is the same to the bit; only the
-// Python between the calls is gone. It takes what that path's CPU kernels take — dense
-// layers (SiLU-gated MLP), no q/k norm, packed weights, the pool's dtype the activations' —
-// and engine/model/decode_stack.py decides when a step may use it.
+// Python between the calls is gone. With two threads or more it goes further: one parallel
+// region for the whole step, the same kernels split the same way phase by phase, a barrier
+// between phases (forward_team, step_team.h). It takes what that path's CPU kernels take —
+// dense layers (SiLU-gated MLP), no q/k norm, packed weights, the pool's dtype the
+// activations' — and engine/model/decode_stack.py decides when a step may use it.
 
 // One packed product, as linear.apply calls it for rows below its dense threshold.
 struct StackLinear {
@@ -41,8 +43,8 @@ struct TeamProduct {
       k.quantize_activations(x, ldx, dt, a.K, act_bits, const_cast<void*>(a.x), const_cast<float*>(a.xs),
                              const_cast<float*>(a.xsum), m0, m1);
   }
-  // Column blocks as over_column_blocks splits them.
-  void run(const KernelSet&, int t, int nt) const {
+  // Thread t's column blocks, as over_column_blocks splits them among nt.
+  void run(int t, int nt) const {
     const auto [b, e] = share_of((a.N + 15) / 16, 4, t, nt);
     if (b < e) blocks(a, b, e);
   }
@@ -50,9 +52,11 @@ struct TeamProduct {
 
 // Checks a product against its input width K as linear_bf16 / linear_f32 / linear_int8 do and
 // chooses the kernel they would for `rows` rows of h's dtype.
-inline TeamProduct team_product(const KernelSet& k, const StackLinear& l, const void* x, int64_t K, int64_t rows, const void* residual,
-                                void* y, const at::Tensor& h, const at::Tensor& xq, const at::Tensor& xs,
-                                const at::Tensor& xsum) {
+// x [rows, K] in, y [rows, N] out (plus `residual` [rows, N] when given); xq, xs, xsum:
+// the shared buffers of activation codes, scales and sums.
+inline TeamProduct team_product(const KernelSet& k, const StackLinear& l, const void* x, int64_t K, int64_t rows,
+                                const void* residual, void* y, const at::Tensor& h, const at::Tensor& xq,
+                                const at::Tensor& xs, const at::Tensor& xsum) {
   TeamProduct p;
   GemmArgs& a = p.a;
   const int dt = dtype_code(h);
@@ -125,18 +129,22 @@ class DecodeStack {
     for (size_t i = 0; i < input_norms.size(); ++i)
       layers_.push_back({input_norms[i], post_norms[i], linear(linears[4 * i]), linear(linears[4 * i + 1]),
                          linear(linears[4 * i + 2]), linear(linears[4 * i + 3])});
+    for (const StackLayer& l : layers_)
+      uniform_ = uniform_ && l.qkv.n == layers_[0].qkv.n && l.o.n == layers_[0].o.n &&
+                 l.gate_up.n == layers_[0].gate_up.n && l.down.n == layers_[0].down.n;
   }
 
   // h [rows, hidden] (the embedded tokens) -> the last layer's output, before the final norm.
-  // With two threads or more, one parallel region runs every layer (forward_team); else one
+  // With two threads or more, one parallel region runs every layer (forward_team); else, or
+  // when the layers' products differ in shape (forward_team shares one set of buffers), one
   // entry point after another (forward_calls). Both give the same bits.
   at::Tensor forward(const at::Tensor& h, const at::Tensor& cos_sin, const at::Tensor& positions,
                      const at::Tensor& slots, const std::vector<at::Tensor>& k_caches,
                      const std::vector<at::Tensor>& v_caches, const at::Tensor& page_table,
                      const at::Tensor& seq_lens) const {
-    if (at::get_num_threads() < 2 || at::in_parallel_region())
+    if (at::get_num_threads() < 2 || at::in_parallel_region() || !uniform_)
       return forward_calls(h, cos_sin, positions, slots, k_caches, v_caches, page_table, seq_lens);
-    return forward_team(h, cos_sin, positions, slots, k_caches, v_caches, page_table, seq_lens);
+    return forward_team(h.contiguous(), cos_sin, positions, slots, k_caches, v_caches, page_table, seq_lens);
   }
 
   // The layers one entry point at a time, each its own parallel region: what the layers'
@@ -173,7 +181,7 @@ class DecodeStack {
     TORCH_CHECK(k_caches.size() == layers_.size() && v_caches.size() == layers_.size(),
                 "decode stack: one K and one V cache per layer");
     check_cpu(h, "h");
-    TORCH_CHECK(h.dim() == 2 && h.stride(1) == 1, "decode stack: h must be [rows, hidden] with contiguous rows");
+    TORCH_CHECK(h.dim() == 2 && h.is_contiguous(), "decode stack: h must be a contiguous [rows, hidden]");
     const int dt = dtype_code(h);
     const int64_t rows = h.size(0), hidden = h.size(1), HD = H_ * D_, QKV = (H_ + 2 * KVH_) * D_;
     auto out = at::empty({rows, hidden}, h.options());
@@ -239,7 +247,7 @@ class DecodeStack {
     attn.out = att.data_ptr();
     std::vector<float> scratch(plan.scratch * threads);
     SpinBarrier barrier;
-        const float eps = (float)eps_;
+    const float eps = (float)eps_;
 #pragma omp parallel num_threads(threads)
     {
       const int nt = omp_get_num_threads(), t = omp_get_thread_num();
@@ -260,7 +268,7 @@ class DecodeStack {
         k.rms_norm_rows(resid, hidden, l.input_norm.data_ptr(), xn.data_ptr(), hidden, hidden, eps, dt, r0, r1);
         pr[0].quantize(k, xn.data_ptr(), hidden, dt, r0, r1);
         sync();
-        pr[0].run(k, t, nt);
+        pr[0].run(t, nt);
         sync();
         RopeKVArgs ri = rope;
         ri.k_cache = k_caches[i].data_ptr();
@@ -277,17 +285,17 @@ class DecodeStack {
           pr[1].quantize(k, att.data_ptr(), HD, dt, r0, r1);
         }
         sync();
-        pr[1].run(k, t, nt);
+        pr[1].run(t, nt);
         sync();
         k.rms_norm_rows(mid.data_ptr(), hidden, l.post_norm.data_ptr(), xn.data_ptr(), hidden, hidden, eps, dt, r0, r1);
         pr[2].quantize(k, xn.data_ptr(), hidden, dt, r0, r1);
         sync();
-        pr[2].run(k, t, nt);
+        pr[2].run(t, nt);
         sync();
         k.silu_mul_rows(gu.data_ptr(), 2 * inter, act.data_ptr(), inter, inter, dt, r0, r1);
         pr[3].quantize(k, act.data_ptr(), inter, dt, r0, r1);
         sync();
-        pr[3].run(k, t, nt);
+        pr[3].run(t, nt);
         sync();
       }
     }
@@ -299,6 +307,7 @@ class DecodeStack {
  private:
   const KernelSet* k_;
   std::vector<StackLayer> layers_;
+  bool uniform_ = true;  // every layer's products the same shapes (forward_team's buffers fit all)
   double eps_;
   int64_t H_, KVH_, D_;
   double scale_;
