@@ -83,7 +83,7 @@ struct DecodeAttnPlan {
   std::vector<int64_t> first_task;
   std::vector<int64_t> cut;  // runs + 1 task boundaries: run r holds tasks [cut[r], cut[r + 1])
   std::vector<float> partial;
-  int64_t tasks = 0, runs = 0, scratch = 0;
+  int64_t runs = 0, scratch = 0;
 
   // Run r's tasks with `args` (`a` with one layer's q, caches and out) and its own
   // `scratch` floats.
@@ -91,7 +91,7 @@ struct DecodeAttnPlan {
     k.decode_attention_tasks(args, task_b.data(), task_chunk.data(), num_chunks.data(), mine, cut[r], cut[r + 1]);
   }
   // Whether rows were split into chunks whose partials `combine` merges.
-  bool chunked() const { return tasks > a.B; }
+  bool chunked() const { return (int64_t)task_b.size() > a.B; }
   // Merges the partials of (row, head) pairs [begin, end) of B * H.
   void combine(const KernelSet& k, const DecodeAttnArgs& args, int64_t begin, int64_t end) const {
     k.decode_attention_combine(args, first_task.data(), num_chunks.data(), begin, end);
@@ -149,7 +149,7 @@ DecodeAttnPlan plan_decode_attention(const KernelSet& k, int64_t B, int64_t H, i
       p.task_chunk.push_back(c);
     }
   }
-  const int64_t tasks = p.tasks = (int64_t)p.task_b.size();
+  const int64_t tasks = (int64_t)p.task_b.size();
   p.partial.resize(tasks > B ? tasks * H * (D + 2) : 0);
   p.a = DecodeAttnArgs{nullptr, 0, 0, nullptr, nullptr, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
                        p.pt.data_ptr<int32_t>(), p.pt.stride(0), len, nullptr, p.partial.data(), B, H, KVH, D, S,
@@ -266,17 +266,20 @@ at::Tensor extend_attention(const KernelSet& k, const at::Tensor& q, const at::T
   return out;
 }
 
+// A product's bias [N] of the activations' dtype, or null.
+const void* checked_bias(const c10::optional<at::Tensor>& bias, int64_t N, at::ScalarType dtype) {
+  if (!bias) return nullptr;
+  TORCH_CHECK(bias->is_contiguous() && bias->numel() == N && bias->scalar_type() == dtype, "bad bias");
+  return bias->data_ptr();
+}
+
 at::Tensor make_output(const at::Tensor& x, int64_t N, const c10::optional<at::Tensor>& bias,
                        const c10::optional<at::Tensor>& residual, GemmArgs& a) {
   const int64_t M = x.size(0);
   auto y = at::empty({M, N}, x.options());
-  a.bias = nullptr;
   a.residual = nullptr;
   a.ldr = 0;
-  if (bias) {
-    TORCH_CHECK(bias->is_contiguous() && bias->numel() == N && bias->scalar_type() == x.scalar_type(), "bad bias");
-    a.bias = bias->data_ptr();
-  }
+  a.bias = checked_bias(bias, N, x.scalar_type());
   if (residual) {
     TORCH_CHECK(residual->dim() == 2 && residual->size(0) >= M && residual->size(1) == N &&
                     residual->stride(1) == 1 && residual->scalar_type() == x.scalar_type(),
@@ -316,13 +319,25 @@ at::Tensor packed_product(void (*blocks)(const GemmArgs&, int64_t, int64_t), con
   return y;
 }
 
+// The packed weights' checks against N outputs and K inputs, shared by the entry points
+// below and the decode stack's team (decode_stack.h).
+void check_packed_bf16(const at::Tensor& packed, int64_t N, int64_t K) {
+  TORCH_CHECK(packed.dim() == 4 && packed.size(2) == 16 && packed.size(3) == 2 && packed.is_contiguous() &&
+                  packed.size(0) == (N + 15) / 16 && packed.size(1) * 2 == K,
+              "packed weight does not match x");
+}
+
+void check_packed_f32(const at::Tensor& packed, int64_t N, int64_t K) {
+  TORCH_CHECK(packed.dim() == 3 && packed.size(2) == 16 && packed.is_contiguous() &&
+                  packed.scalar_type() == at::kFloat && packed.size(0) == (N + 15) / 16 && packed.size(1) == K,
+              "packed float32 weight [ceil(N/16), K, 16] does not match x");
+}
+
 at::Tensor linear_bf16(const KernelSet& k, const at::Tensor& x, const at::Tensor& packed, int64_t N, const c10::optional<at::Tensor>& bias,
                        const c10::optional<at::Tensor>& residual) {
   check_cpu(x, "x");
   TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1 && x.scalar_type() == at::kBFloat16, "x must be [M, K] bfloat16");
-  TORCH_CHECK(packed.dim() == 4 && packed.size(2) == 16 && packed.size(3) == 2 && packed.is_contiguous() &&
-                  packed.size(0) == (N + 15) / 16 && packed.size(1) * 2 == x.size(1),
-              "packed weight does not match x");
+  check_packed_bf16(packed, N, x.size(1));
   return packed_product(k.gemm_bf16_blocks, x, packed, N, bias, residual);
 }
 
@@ -330,9 +345,7 @@ at::Tensor linear_f32(const KernelSet& k, const at::Tensor& x, const at::Tensor&
                       const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& residual) {
   check_cpu(x, "x");
   TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1 && x.scalar_type() == at::kFloat, "x must be [M, K] float32");
-  TORCH_CHECK(packed.dim() == 3 && packed.size(2) == 16 && packed.is_contiguous() &&
-                  packed.scalar_type() == at::kFloat && packed.size(0) == (N + 15) / 16 && packed.size(1) == x.size(1),
-              "packed float32 weight [ceil(N/16), K, 16] does not match x");
+  check_packed_f32(packed, N, x.size(1));
   return packed_product(k.gemm_f32_blocks, x, packed, N, bias, residual);
 }
 
@@ -350,19 +363,36 @@ std::pair<int, int64_t> packed_codes(const at::Tensor& codes, const at::Tensor& 
   return {eight ? 8 : 4, K};
 }
 
+void check_activation_bits(const KernelSet& k, int64_t activation_bits) {
+  TORCH_CHECK(activation_bits == 16 || (activation_bits == 8 && k.activation_bits == 8), "linear_int8: the ", k.name,
+              " build takes activation_bits ", k.activation_bits == 8 ? "8 or 16" : "16", ", got ", activation_bits);
+}
+
+// The code width of packed int8 codes for N outputs that must take K inputs.
+int int8_code_bits(const at::Tensor& codes, const at::Tensor& dm, int64_t N, int64_t K) {
+  TORCH_CHECK(K % 32 == 0, "K must be a multiple of 32");
+  const auto [bits, codes_k] = packed_codes(codes, dm, N, "linear_int8");
+  TORCH_CHECK(codes_k == K, "int8 weight codes do not match x");
+  return bits;
+}
+
+// Whether `rows` rows of activations (dtype code `dt`) at `activation_bits` multiply a bf16
+// panel of the dequantized codes rather than their own codes (`panel_rows`: from how many rows).
+bool int8_bf16_panel(const KernelSet& k, int64_t activation_bits, int dt, int64_t rows, int64_t panel_rows) {
+  return activation_bits == 16 && dt == 1 && k.gemm_int8_bf16_blocks != nullptr && panel_rows > 0 &&
+         rows >= panel_rows;
+}
+
 // `bf16_panel_rows`: rows from which bf16 rows at 16-bit codes multiply a bf16 panel of the
 // dequantized codes; -1: this build's int8_bf16_panel_rows, 0: never (a benchmark's side).
 at::Tensor linear_int8(const KernelSet& k, const at::Tensor& x, const at::Tensor& codes, const at::Tensor& dm, int64_t N,
                        const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& residual,
                        int64_t activation_bits, int64_t bf16_panel_rows) {
-  TORCH_CHECK(activation_bits == 16 || (activation_bits == 8 && k.activation_bits == 8), "linear_int8: the ", k.name,
-              " build takes activation_bits ", k.activation_bits == 8 ? "8 or 16" : "16", ", got ", activation_bits);
+  check_activation_bits(k, activation_bits);
   check_cpu(x, "x");
   TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, "x must be [M, K] with contiguous rows");
   const int64_t M = x.size(0), K = x.size(1), KB = K / 32;
-  TORCH_CHECK(K % 32 == 0, "K must be a multiple of 32");
-  const auto [bits, codes_k] = packed_codes(codes, dm, N, "linear_int8");
-  TORCH_CHECK(codes_k == K, "int8 weight codes do not match x");
+  const int bits = int8_code_bits(codes, dm, N, K);
   const int dt = dtype_code(x);
   GemmArgs a{};
   a.w = codes.data_ptr();
@@ -373,7 +403,7 @@ at::Tensor linear_int8(const KernelSet& k, const at::Tensor& x, const at::Tensor
   auto y = make_output(x, N, bias, residual, a);
   if (M == 0) return y;
   const int64_t panel_rows = bf16_panel_rows < 0 ? k.int8_bf16_panel_rows : bf16_panel_rows;
-  if (activation_bits == 16 && dt == 1 && k.gemm_int8_bf16_blocks != nullptr && panel_rows > 0 && M >= panel_rows) {
+  if (int8_bf16_panel(k, activation_bits, dt, M, panel_rows)) {
     // A prompt's bf16 rows: the codes dequantized into a bf16 panel per group of column
     // blocks, multiplied by the bf16 GEMM: 0.73-0.84x the time of the int16 products at 64+
     // rows, 0.9-0.94x at 32 (benchmarks/results/long_prompt_matmul.md).
@@ -454,18 +484,16 @@ at::Tensor silu_mul(const KernelSet& k, const at::Tensor& gu) {
   return y;
 }
 
-at::Tensor rope_kv(const KernelSet& k, const at::Tensor& qkv, int64_t rows, int64_t H, int64_t KVH, const at::Tensor& cos_sin,
-                   const at::Tensor& positions, const at::Tensor& slots, const at::Tensor& k_cache,
-                   const at::Tensor& v_cache) {
-  check_cpu(qkv, "qkv");
-  const int64_t D = cos_sin.size(1) / 2;
-  TORCH_CHECK(qkv.dim() == 2 && qkv.stride(1) == 1 && qkv.size(1) == (H + 2 * KVH) * D && qkv.size(0) >= rows,
-              "rope_kv: qkv [T, (H + 2 KVH) D] expected");
+// rope_kv's checks of the cos/sin table for head_dim D and activations of `dtype`.
+void check_rope_table(const at::Tensor& cos_sin, at::ScalarType dtype, int64_t D) {
   TORCH_CHECK(D % 32 == 0, "rope_kv: head_dim must be a multiple of 32");
-  TORCH_CHECK(cos_sin.is_contiguous() && cos_sin.scalar_type() == qkv.scalar_type(), "rope_kv: bad cos_sin table");
-  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.scalar_type() == qkv.scalar_type() &&
-                  v_cache.scalar_type() == qkv.scalar_type() && k_cache.size(-1) == D && k_cache.size(-2) == KVH,
-              "rope_kv: caches must be contiguous [.., KVH, D] of the activation dtype");
+  TORCH_CHECK(cos_sin.is_contiguous() && cos_sin.scalar_type() == dtype, "rope_kv: bad cos_sin table");
+}
+
+// rope_kv's checks of the first `rows` positions (rows of the table) and slots (of caches
+// holding num_slots): the contiguous positions and slots.
+std::pair<at::Tensor, at::Tensor> checked_rope_rows(const at::Tensor& positions, const at::Tensor& slots, int64_t rows,
+                                                    const at::Tensor& cos_sin, int64_t num_slots) {
   auto pos = positions.contiguous();
   auto sl = slots.contiguous();
   TORCH_CHECK(pos.scalar_type() == at::kLong && sl.scalar_type() == at::kLong && pos.numel() >= rows &&
@@ -473,11 +501,27 @@ at::Tensor rope_kv(const KernelSet& k, const at::Tensor& qkv, int64_t rows, int6
               "rope_kv: int64 positions and slots for every row expected");
   const int64_t* p = pos.data_ptr<int64_t>();
   const int64_t* s = sl.data_ptr<int64_t>();
-  const int64_t num_slots = k_cache.numel() / (KVH * D);
   for (int64_t i = 0; i < rows; ++i) {
     TORCH_CHECK(p[i] >= 0 && p[i] < cos_sin.size(0), "rope_kv: position beyond the cos/sin table");
     TORCH_CHECK(s[i] >= 0 && s[i] < num_slots, "rope_kv: slot out of range");
   }
+  return {pos, sl};
+}
+
+at::Tensor rope_kv(const KernelSet& k, const at::Tensor& qkv, int64_t rows, int64_t H, int64_t KVH, const at::Tensor& cos_sin,
+                   const at::Tensor& positions, const at::Tensor& slots, const at::Tensor& k_cache,
+                   const at::Tensor& v_cache) {
+  check_cpu(qkv, "qkv");
+  const int64_t D = cos_sin.size(1) / 2;
+  TORCH_CHECK(qkv.dim() == 2 && qkv.stride(1) == 1 && qkv.size(1) == (H + 2 * KVH) * D && qkv.size(0) >= rows,
+              "rope_kv: qkv [T, (H + 2 KVH) D] expected");
+  check_rope_table(cos_sin, qkv.scalar_type(), D);
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.scalar_type() == qkv.scalar_type() &&
+                  v_cache.scalar_type() == qkv.scalar_type() && k_cache.size(-1) == D && k_cache.size(-2) == KVH,
+              "rope_kv: caches must be contiguous [.., KVH, D] of the activation dtype");
+  const auto [pos, sl] = checked_rope_rows(positions, slots, rows, cos_sin, k_cache.numel() / (KVH * D));
+  const int64_t* p = pos.data_ptr<int64_t>();
+  const int64_t* s = sl.data_ptr<int64_t>();
   auto q = at::empty({rows, H, D}, qkv.options());
   RopeKVArgs a{qkv.data_ptr(), qkv.stride(0), H, KVH, D, cos_sin.data_ptr(), p, s, q.data_ptr(),
                k_cache.data_ptr(), v_cache.data_ptr(), dtype_code(qkv)};

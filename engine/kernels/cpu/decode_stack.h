@@ -62,31 +62,23 @@ inline TeamProduct team_product(const KernelSet& k, const StackLinear& l, const 
   const int dt = dtype_code(h);
   const int64_t N = l.n;
   if (l.kind == 0) {
-    TORCH_CHECK(dt == 1 && l.packed.dim() == 4 && l.packed.size(2) == 16 && l.packed.size(3) == 2 &&
-                    l.packed.is_contiguous() && l.packed.size(0) == (N + 15) / 16 && l.packed.size(1) * 2 == K,
-                "packed weight does not match x");
+    TORCH_CHECK(dt == 1, "x must be [M, K] bfloat16");
+    check_packed_bf16(l.packed, N, K);
     p.blocks = k.gemm_bf16_blocks;
   } else if (l.kind == 1) {
-    TORCH_CHECK(dt == 0 && l.packed.dim() == 3 && l.packed.size(2) == 16 && l.packed.is_contiguous() &&
-                    l.packed.scalar_type() == at::kFloat && l.packed.size(0) == (N + 15) / 16 && l.packed.size(1) == K,
-                "packed float32 weight [ceil(N/16), K, 16] does not match x");
+    TORCH_CHECK(dt == 0, "x must be [M, K] float32");
+    check_packed_f32(l.packed, N, K);
     p.blocks = k.gemm_f32_blocks;
   } else {
-    TORCH_CHECK(l.activation_bits == 16 || (l.activation_bits == 8 && k.activation_bits == 8), "linear_int8: the ",
-                k.name, " build takes activation_bits ", k.activation_bits == 8 ? "8 or 16" : "16", ", got ",
-                l.activation_bits);
-    TORCH_CHECK(K % 32 == 0, "K must be a multiple of 32");
-    const auto [bits, codes_k] = packed_codes(l.packed, *l.scales, N, "linear_int8");
-    TORCH_CHECK(codes_k == K, "int8 weight codes do not match x");
+    check_activation_bits(k, l.activation_bits);
+    a.code_bits = int8_code_bits(l.packed, *l.scales, N, K);
     a.dm = (const uint16_t*)l.scales->data_ptr();
-    a.code_bits = bits;
     a.act_bits = (int)l.activation_bits;
   }
   a.x = x;
   a.ldx = K;
   if (l.kind == 2) {
-    if (l.activation_bits == 16 && dt == 1 && k.gemm_int8_bf16_blocks != nullptr && k.int8_bf16_panel_rows > 0 &&
-        rows >= k.int8_bf16_panel_rows) {
+    if (int8_bf16_panel(k, l.activation_bits, dt, rows, k.int8_bf16_panel_rows)) {
       p.blocks = k.gemm_int8_bf16_blocks;  // bf16 rows times a dequantized panel, as linear_int8 at these rows
     } else {
       p.blocks = k.gemm_int8_blocks;
@@ -98,10 +90,7 @@ inline TeamProduct team_product(const KernelSet& k, const StackLinear& l, const 
   }
   a.w = l.packed.data_ptr();
   a.K = K;
-  if (l.bias) {
-    TORCH_CHECK(l.bias->is_contiguous() && l.bias->numel() == N && l.bias->scalar_type() == h.scalar_type(), "bad bias");
-    a.bias = l.bias->data_ptr();
-  }
+  a.bias = checked_bias(l.bias, N, h.scalar_type());
   a.residual = residual;
   a.ldr = residual != nullptr ? N : 0;
   a.y = y;
@@ -187,15 +176,8 @@ class DecodeStack {
     auto out = at::empty({rows, hidden}, h.options());
     if (rows == 0 || L == 0) return L == 0 ? h : out;
     // The rotary write's checks (rope_kv), once for all layers.
-    TORCH_CHECK(cos_sin.dim() == 2 && cos_sin.size(1) == 2 * D_ && cos_sin.is_contiguous() &&
-                    cos_sin.scalar_type() == h.scalar_type(),
-                "rope_kv: bad cos_sin table");
-    TORCH_CHECK(D_ % 32 == 0, "rope_kv: head_dim must be a multiple of 32");
-    auto pos = positions.contiguous();
-    auto sl = slots.contiguous();
-    TORCH_CHECK(pos.scalar_type() == at::kLong && sl.scalar_type() == at::kLong && pos.numel() >= rows &&
-                    sl.numel() >= rows,
-                "rope_kv: int64 positions and slots for every row expected");
+    TORCH_CHECK(cos_sin.dim() == 2 && cos_sin.size(1) == 2 * D_, "rope_kv: bad cos_sin table");
+    check_rope_table(cos_sin, h.scalar_type(), D_);
     for (int64_t i = 0; i < L; ++i) {
       const at::Tensor &kc = k_caches[i], &vc = v_caches[i];
       TORCH_CHECK(kc.is_contiguous() && vc.is_contiguous() && kc.scalar_type() == h.scalar_type() &&
@@ -203,13 +185,9 @@ class DecodeStack {
                       kc.size(-2) == KVH_ && kc.sizes() == k_caches[0].sizes() && vc.sizes() == kc.sizes(),
                   "decode stack: every layer's caches contiguous [pages, page_size, KVH, D] of the activation dtype");
     }
-    const int64_t num_slots = k_caches[0].numel() / (KVH_ * D_);
+    const auto [pos, sl] = checked_rope_rows(positions, slots, rows, cos_sin, k_caches[0].numel() / (KVH_ * D_));
     const int64_t* p = pos.data_ptr<int64_t>();
     const int64_t* s = sl.data_ptr<int64_t>();
-    for (int64_t i = 0; i < rows; ++i) {
-      TORCH_CHECK(p[i] >= 0 && p[i] < cos_sin.size(0), "rope_kv: position beyond the cos/sin table");
-      TORCH_CHECK(s[i] >= 0 && s[i] < num_slots, "rope_kv: slot out of range");
-    }
     const int64_t threads = at::get_num_threads();
     DecodeAttnPlan plan = plan_decode_attention(*k_, rows, H_, D_, dt, k_caches[0], v_caches[0], page_table, seq_lens,
                                                 scale_, 1.0, 1.0, threads);
