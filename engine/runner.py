@@ -227,14 +227,14 @@ class ModelRunner:
         of the forward pass: its failure propagates."""
         logits = self.model.logits(hidden)
         try:
-            return sample(logits, seqs, self.grammar_masks)
+            return sample(logits, seqs, self.grammar_masks, self.model.backend.argmax)
         except Exception:
             pass
         logits = self.model.logits(hidden)  # the batched attempt changed them in place
         rows: list[SampleResult | BaseException] = []
         for i, seq in enumerate(seqs):
             try:
-                rows.append(sample(logits[i : i + 1], [seq], self.grammar_masks))
+                rows.append(sample(logits[i : i + 1], [seq], self.grammar_masks, self.model.backend.argmax))
             except Exception as exc:
                 rows.append(exc)
         return merge_rows(rows)
@@ -248,7 +248,8 @@ class ModelRunner:
         drafts = [e.draft or [] for e in entries]
         logits = self.model.logits(hidden)
         try:
-            return list(verify_drafts(logits, [e.seq for e in entries], drafts, self.draft_grammar_masks))
+            return list(verify_drafts(logits, [e.seq for e in entries], drafts, self.draft_grammar_masks,
+                                      self.model.backend.argmax))
         except Exception:
             pass
         logits = self.model.logits(hidden)  # the batched attempt changed them in place
@@ -257,7 +258,8 @@ class ModelRunner:
         for entry, draft in zip(entries, drafts):
             end = start + len(draft) + 1
             try:
-                outcomes.extend(verify_drafts(logits[start:end], [entry.seq], [draft], self.draft_grammar_masks))
+                outcomes.extend(verify_drafts(logits[start:end], [entry.seq], [draft], self.draft_grammar_masks,
+                                              self.model.backend.argmax))
             except Exception as exc:
                 outcomes.append(exc)
             start = end

@@ -108,6 +108,10 @@ class KernelBackend(Protocol):
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         """[M, 2I] = [gate | up] -> silu(gate) * up [M, I]."""
 
+    def argmax(self, x: torch.Tensor) -> torch.Tensor:
+        """x [M, N] -> [M] int64: each row's argmax as torch.argmax(x, -1) picks it (the first
+        of equal values; NaN counts largest). Greedy sampling's choice, every step."""
+
     def rope_inputs(self, rope: Any, positions: torch.Tensor, head_dim: int) -> RopeInputs:
         """Once per forward pass: what every layer's `rope_write_kv` needs for these rows
         (int64 positions [T]) from the model's RotaryEmbedding (engine/kernels/rope.py)."""

@@ -104,6 +104,14 @@ class CpuKernelBackend(TorchBackend):
             return self.kernels.silu_mul(gate_up)
         return super().silu_mul(gate_up)
 
+    # ---------------------------------------------------------------- sampling
+    def argmax(self, x: torch.Tensor) -> torch.Tensor:
+        """The kernel's argmax_rows for float32 logits (torch's argmax read a 49k-token row
+        at ~7 GB/s: ~28 us a row, ~0.1 ms a step at 8 rows); torch's otherwise."""
+        if x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 2 and x.shape[1] > 0 and x.stride(-1) == 1:
+            return self.kernels.argmax_rows(x)
+        return super().argmax(x)
+
     def rope_inputs(self, rope, positions: torch.Tensor, head_dim: int) -> RopeInputs:
         use_kernel = (
             positions.device.type == "cpu" and rope.dtype in (torch.float32, torch.bfloat16) and head_dim % 32 == 0

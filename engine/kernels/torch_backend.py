@@ -65,6 +65,10 @@ class TorchBackend:
     def rope_inputs(self, rope, positions: torch.Tensor, head_dim: int) -> RopeInputs:
         return RopeInputs(rope, positions, head_dim)
 
+    # ---------------------------------------------------------------- sampling
+    def argmax(self, x: torch.Tensor) -> torch.Tensor:
+        return x.argmax(-1)
+
     def rope_write_kv(self, qkv, rows: int, rope: RopeInputs, k_cache, v_cache, slots, num_heads: int,
                       num_kv_heads: int, head_dim: int, qk=None) -> torch.Tensor:  # fmt: skip
         q, k, v = fused.rotate_qkv(qkv, rows, rope, num_heads, num_kv_heads, head_dim, qk)

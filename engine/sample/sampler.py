@@ -8,7 +8,7 @@ else shares its batch.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -24,6 +24,11 @@ class SamplingRow(Protocol):
     prompt_token_ids: list[int]
     output_token_ids: list[int]
     matcher: Any  # grammar matcher or None
+
+
+def default_argmax(x: torch.Tensor) -> torch.Tensor:
+    """Each row's argmax: torch's (a kernel backend passes its own, see KernelBackend.argmax)."""
+    return x.argmax(-1)
 
 
 @dataclass
@@ -149,8 +154,10 @@ def _top_logprobs(
     return tops
 
 
-def sample(logits: torch.Tensor, rows: Sequence[SamplingRow], grammar_masks=None) -> SampleResult:
-    """logits [B, V] float32 (modified in place) -> one token per row."""
+def sample(logits: torch.Tensor, rows: Sequence[SamplingRow], grammar_masks=None,
+           argmax: Callable[[torch.Tensor], torch.Tensor] = default_argmax) -> SampleResult:  # fmt: skip
+    """logits [B, V] float32 (modified in place) -> one token per row. `argmax`: each row's
+    argmax as torch.argmax(x, -1) gives it (the kernel backend's, which is faster on the CPU)."""
     device = logits.device
     params = [r.params for r in rows]
     process_logits(logits, rows, grammar_masks)
@@ -159,7 +166,7 @@ def sample(logits: torch.Tensor, rows: Sequence[SamplingRow], grammar_masks=None
     logprobs_all = logits.log_softmax(-1) if want_logprobs else None
 
     greedy = torch.tensor([p.greedy for p in params], device=device)
-    chosen = logits.argmax(-1)
+    chosen = argmax(logits)
     if not bool(greedy.all()):
         probs = target_probs(logits, params)
         # Exponential race (equivalent to sampling from probs): argmax(p / E), E ~ Exp(1),
@@ -170,7 +177,7 @@ def sample(logits: torch.Tensor, rows: Sequence[SamplingRow], grammar_masks=None
                 noise[i].exponential_(generator=row.generator)
             else:
                 noise[i].fill_(1.0)
-        sampled = (probs / noise).argmax(-1)
+        sampled = argmax(probs / noise)
         chosen = torch.where(greedy, chosen, sampled)
 
     token_ids = chosen.tolist()
@@ -193,7 +200,8 @@ class DraftPosition:
 
 
 def verify_drafts(
-    logits: torch.Tensor, rows: Sequence[SamplingRow], drafts: Sequence[Sequence[int]], draft_grammar_masks=None
+    logits: torch.Tensor, rows: Sequence[SamplingRow], drafts: Sequence[Sequence[int]], draft_grammar_masks=None,
+    argmax: Callable[[torch.Tensor], torch.Tensor] = default_argmax,
 ) -> list[SampleResult]:
     """logits [sum(len(d) + 1), V] float32 (modified in place): for each sequence, the rows
     after its last known token and after each draft token, back to back. Every row is
@@ -214,14 +222,14 @@ def verify_drafts(
 
     params = [p.params for p in positions]
     logprobs_all = logits.log_softmax(-1) if any(p.logprobs is not None for p in params) else None
-    argmax = logits.argmax(-1).tolist()
+    best = argmax(logits).tolist()
     probs = None if all(p.greedy for p in params) else target_probs(logits, params)
 
     results = []
     for row, draft, start in zip(rows, drafts, starts):
         end = start + len(draft) + 1
         if row.params.greedy:
-            tokens = spec_decode.accept_greedy(argmax[start:end], draft)
+            tokens = spec_decode.accept_greedy(best[start:end], draft)
         else:
             assert probs is not None
             tokens = spec_decode.accept_sampled(probs[start:end], draft, row.generator)

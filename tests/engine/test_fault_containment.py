@@ -61,10 +61,10 @@ def test_a_sampler_that_raises_for_one_request_fails_only_that_request(llm, monk
 
     real = runner_module.sample
 
-    def sample(logits, rows, grammar_masks=None):
+    def sample(logits, rows, grammar_masks=None, *rest):
         if any(r is victim for r in rows) and len(victim.output_token_ids) >= 3:
             raise RuntimeError("sampler exploded")
-        return real(logits, rows, grammar_masks)
+        return real(logits, rows, grammar_masks, *rest)
 
     monkeypatch.setattr(runner_module, "sample", sample)
     failed_before = engine.stats().failed_total

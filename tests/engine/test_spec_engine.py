@@ -232,9 +232,9 @@ def test_warmup_runs_the_speculative_path_and_leaves_nothing_behind(small_vocab_
     drafted_batches: list[int] = []
     real_verify = runner_module.verify_drafts
 
-    def counting_verify(logits, rows, drafts, masks=None):
+    def counting_verify(logits, rows, drafts, masks=None, *rest):
         drafted_batches.append(len(rows))
-        return real_verify(logits, rows, drafts, masks)
+        return real_verify(logits, rows, drafts, masks, *rest)
 
     monkeypatch.setattr(runner_module, "verify_drafts", counting_verify)
     llm = spec_llm(small_vocab_llama_dir, max_num_seqs=3)
@@ -282,10 +282,10 @@ def test_a_draft_verification_that_raises_fails_only_that_request(small_vocab_ll
     victim = seqs[1]
     real_verify = runner_module.verify_drafts
 
-    def verify(logits, rows, drafts, masks=None):
+    def verify(logits, rows, drafts, masks=None, *rest):
         if any(r is victim for r in rows) and len(victim.output_token_ids) >= 5:
             raise RuntimeError("verifier exploded")
-        return real_verify(logits, rows, drafts, masks)
+        return real_verify(logits, rows, drafts, masks, *rest)
 
     monkeypatch.setattr(runner_module, "verify_drafts", verify)
     finals = run_to_end(llm.engine, seqs)

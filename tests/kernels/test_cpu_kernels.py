@@ -344,6 +344,39 @@ def test_silu_mul_matches_the_reference(m, inter, dtype, seed, kernels, cpu):
 
 @SETTINGS
 @given(
+    m=st.integers(1, 12),
+    n=st.sampled_from([1, 7, 8, 15, 17, 49152]),
+    few_values=st.booleans(),
+    specials=st.lists(st.sampled_from(["nan", "inf", "-inf", "-0.0"]), max_size=3),
+    stride_pad=st.sampled_from([0, 5]),
+    seed=st.integers(0, 2**16),
+)
+def test_argmax_rows_picks_what_torch_argmax_picks(m, n, few_values, specials, stride_pad, seed, kernels, cpu):
+    """Greedy sampling's choice: the first of tied maxima (few distinct values make ties
+    common), a row's first NaN where it has one, rows whose tail fills no vector."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(-3, 3, (m, n + stride_pad), generator=g).float() if few_values else torch.randn(m, n + stride_pad, generator=g)
+    for i, s in enumerate(specials):
+        x[(seed + i) % m, (seed * 7 + i * 13) % n] = float(s)
+    x = x[:, :n]  # rows strided when padded
+    expected = x.argmax(-1)
+    assert torch.equal(kernels.argmax_rows(x), expected)
+    assert torch.equal(cpu.argmax(x), expected)
+
+
+def test_argmax_rows_of_all_minus_infinity_and_refusals(kernels):
+    x = torch.full((3, 20), float("-inf"))
+    x[1, 9] = float("nan")
+    x[2, 19] = 0.0
+    assert kernels.argmax_rows(x).tolist() == x.argmax(-1).tolist() == [0, 9, 19]
+    with pytest.raises(RuntimeError, match="float32"):
+        kernels.argmax_rows(x.bfloat16())
+    with pytest.raises(RuntimeError, match="N > 0"):
+        kernels.argmax_rows(torch.empty(2, 0))
+
+
+@SETTINGS
+@given(
     rows=st.integers(1, 20),
     heads=st.sampled_from([(9, 3), (4, 4), (8, 1)]),
     hd=st.sampled_from([64, 128]),

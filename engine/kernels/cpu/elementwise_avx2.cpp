@@ -40,6 +40,42 @@ void silu_mul_rows(const void* gu, int64_t ldg, void* y, int64_t ldy, int64_t in
   }
 }
 
+void argmax_rows(const float* x, int64_t ldx, int64_t n, int64_t* out, int64_t m_begin, int64_t m_end) {
+  const int64_t whole = n / 8 * 8;
+  for (int64_t m = m_begin; m < m_end; ++m) {
+    const float* row = x + m * ldx;
+    // The largest value, and whether any is NaN (max_ps would pass one over).
+    __m256 best = _mm256_set1_ps(-INFINITY);
+    __m256 nan = _mm256_setzero_ps();
+    for (int64_t i = 0; i < whole; i += 8) {
+      const __m256 v = _mm256_loadu_ps(row + i);
+      nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+      best = _mm256_max_ps(best, v);
+    }
+    float top = hmax8(best);
+    bool has_nan = _mm256_movemask_ps(nan) != 0;
+    for (int64_t i = whole; i < n; ++i) {
+      has_nan = has_nan || row[i] != row[i];
+      top = row[i] > top ? row[i] : top;
+    }
+    int64_t at = 0;
+    if (has_nan) {
+      while (!(row[at] != row[at])) ++at;
+    } else {
+      // Then the first lane equal to it (the row is in cache now).
+      const __m256 b = _mm256_set1_ps(top);
+      at = n;
+      for (int64_t i = 0; i < whole && at == n; i += 8) {
+        const int eq = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(row + i), b, _CMP_EQ_OQ));
+        if (eq) at = i + __builtin_ctz(eq);
+      }
+      for (int64_t i = whole; i < n && at == n; ++i)
+        if (row[i] == top) at = i;
+    }
+    out[m] = at;
+  }
+}
+
 namespace {
 // out = x * cos + roll(x, D/2) * signed_sin for one head (D a multiple of 32).
 inline void rope_head(const void* x, const void* cs, void* out, int64_t D, int dtype) {

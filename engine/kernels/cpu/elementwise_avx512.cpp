@@ -43,6 +43,38 @@ void silu_mul_rows(const void* gu, int64_t ldg, void* y, int64_t ldy, int64_t in
   }
 }
 
+void argmax_rows(const float* x, int64_t ldx, int64_t n, int64_t* out, int64_t m_begin, int64_t m_end) {
+  const __m512 low = _mm512_set1_ps(-INFINITY);
+  for (int64_t m = m_begin; m < m_end; ++m) {
+    const float* row = x + m * ldx;
+    // The largest value, and whether any is NaN (max_ps would pass one over).
+    __m512 best = low;
+    __mmask16 nan = 0;
+    for (int64_t i = 0; i < n; i += 16) {
+      const __mmask16 mask = tail_mask(n - i);
+      const __m512 v = _mm512_mask_loadu_ps(low, mask, row + i);
+      nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+      best = _mm512_max_ps(best, v);
+    }
+    int64_t at = 0;
+    if (nan) {
+      while (!(row[at] != row[at])) ++at;
+    } else {
+      // Then the first lane equal to it (the row is in cache now).
+      const __m512 b = _mm512_set1_ps(_mm512_reduce_max_ps(best));
+      for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 mask = tail_mask(n - i);
+        const __mmask16 eq = _mm512_mask_cmp_ps_mask(mask, _mm512_maskz_loadu_ps(mask, row + i), b, _CMP_EQ_OQ);
+        if (eq) {
+          at = i + __builtin_ctz(eq);
+          break;
+        }
+      }
+    }
+    out[m] = at;
+  }
+}
+
 namespace {
 // out = x * cos + roll(x, D/2) * signed_sin for one head (D a multiple of 32).
 inline void rope_head(const void* x, const void* cs, void* out, int64_t D, int dtype) {

@@ -33,6 +33,10 @@ void rms_norm_rows(const void* x, int64_t ldx, const void* w, void* y, int64_t l
 // y = silu(gu[:, :I]) * gu[:, I:], rounded to the dtype after each op as torch does.
 void silu_mul_rows(const void* gu, int64_t ldg, void* y, int64_t ldy, int64_t inter, int dtype,
                    int64_t m_begin, int64_t m_end);
+// out[m] = the index of row m's largest value (x [M, n] float32, row stride ldx, n >= 1) for
+// rows [m_begin, m_end): the first of equal ones, and a row's first NaN where it holds one,
+// as torch.argmax picks (it counts NaN the largest). Greedy sampling's choice per row.
+void argmax_rows(const float* x, int64_t ldx, int64_t n, int64_t* out, int64_t m_begin, int64_t m_end);
 // Rotary embedding and the KV write of rows [m_begin, m_end) (see RopeKVArgs).
 void rope_kv_rows(const RopeKVArgs& a, int64_t m_begin, int64_t m_end);
 

@@ -151,6 +151,7 @@ struct KernelSet {
   void (*rms_norm_rows)(const void*, int64_t, const void*, void*, int64_t, int64_t, float, int, int64_t, int64_t);
   void (*silu_mul_rows)(const void*, int64_t, void*, int64_t, int64_t, int, int64_t, int64_t);
   void (*rope_kv_rows)(const RopeKVArgs&, int64_t, int64_t);
+  void (*argmax_rows)(const float*, int64_t, int64_t, int64_t*, int64_t, int64_t);
   void (*unpack_bf16_blocks)(const GemmArgs&, int64_t, int64_t);
   void (*dequantize_int8_blocks)(const GemmArgs&, int64_t, int64_t);
   int64_t (*extend_attention_scratch)(const ExtendAttnArgs&);  // null: not in this set
