@@ -8,12 +8,33 @@ back from the stream until it cannot.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
+
+
+def plain_decoder(tokenizer: Any) -> Callable[[list[int]], str]:
+    """`tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)`,
+    or the Rust tokenizer's own decode where that is exactly what it runs (a transformers
+    fast tokenizer whose `decode` and `_decode` are the library's): the wrapper's argument
+    conversion cost twice the decode itself, two calls a token of every stream."""
+    from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
+
+    backend = getattr(tokenizer, "_tokenizer", None)
+    kind = type(tokenizer)
+    if (
+        isinstance(tokenizer, PreTrainedTokenizerFast)
+        and kind.decode is PreTrainedTokenizerBase.decode
+        and kind._decode is PreTrainedTokenizerFast._decode
+        and callable(getattr(backend, "decode", None))
+    ):
+        return lambda ids: backend.decode(ids, skip_special_tokens=True)
+    return lambda ids: tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
 
 class IncrementalDetokenizer:
     def __init__(self, tokenizer: Any, stop: list[str], include_stop: bool = False) -> None:
         self.tokenizer = tokenizer
+        self._decode = plain_decoder(tokenizer)
         self.stop = stop
         self.include_stop = include_stop
         self.holdback = max((len(s) for s in stop), default=1) - 1
@@ -23,9 +44,6 @@ class IncrementalDetokenizer:
         self.text = ""
         self.emitted = 0
         self.stopped = False
-
-    def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
     def add(self, token_id: int) -> None:
         """Appends a token; sets `stopped` when a stop string appears (text is cut there)."""

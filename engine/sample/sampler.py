@@ -165,9 +165,9 @@ def sample(logits: torch.Tensor, rows: Sequence[SamplingRow], grammar_masks=None
     want_logprobs = any(p.logprobs is not None for p in params)
     logprobs_all = logits.log_softmax(-1) if want_logprobs else None
 
-    greedy = torch.tensor([p.greedy for p in params], device=device)
     chosen = argmax(logits)
-    if not bool(greedy.all()):
+    if not all(p.greedy for p in params):
+        greedy = torch.tensor([p.greedy for p in params], device=device)
         probs = target_probs(logits, params)
         # Exponential race (equivalent to sampling from probs): argmax(p / E), E ~ Exp(1),
         # each row's E drawn from its own generator.
