@@ -192,7 +192,8 @@ class ModelRunner:
                 drafted.append(entry)
         if not rows:
             return []
-        hidden = hidden[torch.tensor(rows, device=self.device)]
+        if rows != list(range(hidden.shape[0])):  # a decode-only step samples every row, in order
+            hidden = hidden[torch.tensor(rows, device=self.device)]
         out: list[EntryTokens] = []
         if plain:
             result = self.sample_rows(hidden[: len(plain)], [e.seq for e in plain])
