@@ -7,9 +7,9 @@ does them decides whether it still can: vdpbf16ps (bf16 weights and activations,
 multiply-adds: 16 lanes x a pair), vpdpwssd (int8 / 4-bit codes against 16-bit activation
 codes, the default: 32) or vpdpbusd (8-bit activation codes, --int8-activation-bits 8: 64).
 Measured here: each instruction on 16 independent accumulators held in registers (no
-dependency stalls, no memory), on every thread at once for a fixed count, instructions per second; then each
-format's multiply-adds per step (rows x the model's weights, attention left out) over that
-rate, against the memory floor and issue 28's goal of 1.5x it.
+dependency stalls, no memory), on every thread at once for a fixed count, instructions per
+second; then each format's multiply-adds per step (rows x the model's weights, attention left
+out) over that rate, against the memory floor and issue 28's goal of 1.5x it.
 
     python benchmarks/dot_product_rate.py [--threads N]   # writes benchmarks/results/dot_product_rate.md
 """
