@@ -192,6 +192,59 @@ def test_bf16_linear_matches_torch(m, n, k, bias, residual, seed, kernels):
     close(y, expected, torch.bfloat16, scale=k**0.5 / 4)
 
 
+AMX = "avx512" in ISAS and extension.avx512.amx()  # the CPU has AMX-BF16 and Linux granted its tiles
+
+
+@pytest.mark.skipif(not AMX, reason="this CPU (or kernel) gives no AMX-BF16 tiles: the AVX-512 kernel runs every size")
+@SETTINGS
+@given(
+    m=st.integers(1, 16),
+    n=st.integers(1, 120),
+    k=st.one_of(st.integers(1, 200).map(lambda x: 2 * x), st.integers(1, 12).map(lambda x: 32 * x)),
+    pad=st.sampled_from([0, 2, 64]),
+    bias=st.booleans(),
+    residual=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_bf16_linear_on_amx_tiles_matches_the_avx512_kernel(m, n, k, pad, bias, residual, seed):
+    """Up to 16 rows the AVX-512 build multiplies on AMX tiles where it can (gemm_bf16_amx.cpp):
+    the same sums of exact bf16 products in float32 as vdpbf16ps, so both kernels agree to
+    float32 rounding before the output's bf16 rounding; rows with a stride (`pad`), inputs
+    that are not a multiple of a tile's 32 (the tail tiles), every column tail."""
+    kernels = extension.avx512
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn((m, k + pad), generator=g).bfloat16()[:, :k]
+    w = torch.randn((n, k), generator=g).bfloat16()
+    b = torch.randn(n, generator=g).bfloat16() if bias else None
+    r = torch.randn((m, n), generator=g).bfloat16() if residual else None
+    packed = pack_bf16(w)
+    assert kernels.amx()
+    try:
+        tiles = kernels.linear_bf16(x, packed, n, b, r)
+        assert kernels.use_amx(False)
+        vectors = kernels.linear_bf16(x, packed, n, b, r)
+    finally:
+        kernels.use_amx(True)
+    expected = F.linear(x.float(), w.float(), None if b is None else b.float())
+    if r is not None:
+        expected = r.float() + expected.bfloat16().float()
+    close(tiles, expected, torch.bfloat16, scale=k**0.5 / 4)
+    # One bf16 unit in the last place of the larger value at most (a float32 sum rounded on
+    # either side of a bf16 rounding boundary), nearly always identical.
+    ulp = torch.maximum(tiles.float().abs(), vectors.float().abs()) * 2**-7 + 1e-30
+    assert ((tiles.float() - vectors.float()).abs() <= ulp).all()
+
+
+def test_amx_can_be_switched_off_and_on():
+    if "avx512" not in ISAS:
+        pytest.skip("no AVX-512 build here")
+    kernels = extension.avx512
+    was = kernels.amx()
+    assert kernels.use_amx(False) == was and not kernels.amx()
+    assert kernels.use_amx(True) is False and kernels.amx() == was  # on only where the CPU allows
+    assert not hasattr(extension.avx2, "use_amx")
+
+
 def pack_f32(w: torch.Tensor) -> torch.Tensor:
     prepared = PACKER.prepare_linear(w, None, torch.float32)
     assert prepared.kind == "f32"  # a float32 model's weights go to the kernel, not F.linear

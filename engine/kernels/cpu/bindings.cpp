@@ -7,7 +7,12 @@
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
+#include <cpuid.h>
 #include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -32,6 +37,26 @@ bool cpu_has_avx512_kernels() {
          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
          __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bf16") &&
          __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+}
+
+volatile bool amx_bf16_on = false;
+
+// Whether this process may run AMX-BF16 tiles: the CPU reports AMX-TILE and AMX-BF16
+// (CPUID leaf 7: EDX bits 24 and 22) and Linux grants the tile data state on request
+// (arch_prctl ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA; Linux 5.16+), without which the
+// first tile load faults. Asked once; PREHEAT_CPU_AMX=0 leaves the tiles unused.
+bool amx_bf16_usable() {
+  static const bool usable = [] {
+    const char* env = getenv("PREHEAT_CPU_AMX");
+    if (env != nullptr && strcmp(env, "0") == 0) return false;
+    if (!cpu_has_avx512_kernels()) return false;
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+    if (!(edx & (1u << 24)) || !(edx & (1u << 22))) return false;
+    constexpr long ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
+    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+  }();
+  return usable;
 }
 
 #define PREHEAT_KERNEL_SET(ns, check)                                                                   \
@@ -560,6 +585,20 @@ void bind_set(pybind11::module_& m, const KernelSet& k) {
   m.attr("int8_activation_bits_choices") =
       k.activation_bits == 8 ? std::vector<int>{16, 8} : std::vector<int>{16};
   m.def("supported", k.runs_here, "whether this CPU runs this build of the kernels");
+  if (set == &AVX512) {
+    m.def(
+        "use_amx",
+        [](bool on) {
+          const bool was = amx_bf16_on;
+          amx_bf16_on = on && amx_bf16_usable();
+          return was;
+        },
+        arg("on"),
+        "whether the bf16 GEMM of up to 16 rows runs on AMX tiles where the CPU and OS allow them (the "
+        "default); returns the previous setting");
+    m.def(
+        "amx", [] { return (bool)amx_bf16_on; }, "whether the bf16 GEMM of up to 16 rows runs on AMX tiles now");
+  }
   m.def(
       "decode_attention",
       [set](const at::Tensor& q, const at::Tensor& kc, const at::Tensor& vc, const at::Tensor& pt, const at::Tensor& sl,
@@ -657,6 +696,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            pybind11::arg("k_caches"), pybind11::arg("v_caches"), pybind11::arg("page_table"), pybind11::arg("seq_lens"),
            "the layers one entry point at a time, each its own parallel region (what forward does on one thread)")
       .def_property_readonly("num_layers", &preheat::DecodeStack::num_layers);
+  preheat::amx_bf16_on = preheat::amx_bf16_usable();
   for (const preheat::KernelSet* k : preheat::SETS) {
     auto sub = m.def_submodule(k->name, "the kernels built for this instruction set");
     preheat::bind_set(sub, *k);

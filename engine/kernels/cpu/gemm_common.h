@@ -37,23 +37,31 @@ inline Ahead ahead_over(const void* p, int64_t bytes, int64_t steps) {
 
 namespace {
 
+// Stores row m of column block n0 (bias: that block's, or zero when a.bias is null).
+inline void store_row(const GemmArgs& a, __m512 v, int64_t m, int64_t n0, __m512 bias, __mmask16 mask) {
+  const int dt = a.out_dtype;
+  if (a.bias) v = _mm512_add_ps(v, bias);
+  if (a.residual) {
+    if (dt == 1) v = round_bf16(v);
+    v = _mm512_add_ps(v, load16_masked(elem(a.residual, m * a.ldr + n0, dt), dt, mask));
+  }
+  store16_masked(elem(a.y, m * a.ldy + n0, dt), v, dt, mask);
+}
+
+// Column block n0's bias (zero when there is none) and its mask of columns below N.
+inline __m512 block_bias(const GemmArgs& a, int64_t n0, __mmask16 mask) {
+  return a.bias ? load16_masked(elem(a.bias, n0, a.out_dtype), a.out_dtype, mask) : _mm512_setzero_ps();
+}
+
 // Stores accumulator rows [m0, m0 + MT) x column blocks [nb0, nb0 + NT) with bias and residual.
 template <int MT, int NT>
 inline void store_tile(const GemmArgs& a, __m512 (&acc)[MT][NT], int64_t m0, int64_t nb0) {
-  const int dt = a.out_dtype;
   for (int j = 0; j < NT; ++j) {
     const int64_t n0 = (nb0 + j) * 16;
     if (n0 >= a.N) break;
     const __mmask16 mask = tail_mask(a.N - n0);
-    const __m512 bias = a.bias ? load16_masked(elem(a.bias, n0, dt), dt, mask) : _mm512_setzero_ps();
-    for (int i = 0; i < MT; ++i) {
-      __m512 v = a.bias ? _mm512_add_ps(acc[i][j], bias) : acc[i][j];
-      if (a.residual) {
-        if (dt == 1) v = round_bf16(v);
-        v = _mm512_add_ps(v, load16_masked(elem(a.residual, (m0 + i) * a.ldr + n0, dt), dt, mask));
-      }
-      store16_masked(elem(a.y, (m0 + i) * a.ldy + n0, dt), v, dt, mask);
-    }
+    const __m512 bias = block_bias(a, n0, mask);
+    for (int i = 0; i < MT; ++i) store_row(a, acc[i][j], m0 + i, n0, bias, mask);
   }
 }
 

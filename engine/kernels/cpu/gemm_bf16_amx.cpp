@@ -1,0 +1,122 @@
+// The bf16 GEMM on AMX tiles (Intel Sapphire Rapids and later), for up to 16 rows: a decode
+// step's products. Where a CPU has AMX-BF16, its AVX-512 vdpbf16ps can be the slow way to
+// multiply bf16 pairs (measured on the Xeon host, benchmarks/results/dot_product_rate.md:
+// 1.7 G vdpbf16ps a second a core against 7.1 G vpdpwssd), which made 8 and 16 rows
+// compute-bound; one TDPBF16PS multiplies a tile of up to 16 rows x 32 inputs by 32 inputs
+// x 16 columns (16 x 512 multiply-adds), so the products are left waiting on memory only.
+//
+// The packed weights ([K/2, 16, 2] bf16 pairs per block of 16 columns) are already the B
+// tile's layout: 16 input pairs x 16 columns, 64 bytes a pair, 1 KiB back to back. The rows
+// of x are the A tile (M x 32 inputs, row stride ldx). Tiles: C 0-2 (three column blocks at
+// a time), A 3, B 4 and 5 (alternating), and for K not a multiple of 32 an A tail 6 and a B
+// tail 7 of the remaining pairs. The epilogue (bias, residual, rounding, store) is the
+// AVX-512 kernel's, on the accumulators stored to a float tile.
+//
+// Tile state is per thread: each call loads its configuration and releases the tiles
+// before returning (another library, oneDNN, may configure them differently between calls
+// on the same thread). The process must have asked Linux for AMX state first (bindings.cpp,
+// amx_bf16_usable) or TILELOADD faults.
+// AMX code generation switched on before the AVX-512 one (avx512_common.h's pragma adds to
+// this), so that kernels.h declares gemm_bf16_amx_blocks under the same target it is defined
+// with: a pragma after the declaration makes GCC treat the definition as another version.
+#pragma GCC target("amx-tile,amx-bf16")
+#include "gemm_common.h"
+
+namespace preheat {
+namespace avx512 {
+namespace {
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};  // bytes per row of tile i
+  uint8_t rows[16] = {};
+};
+
+constexpr int NB = 3;  // column blocks (C tiles) per pass over K
+
+// The tile intrinsics take literal tile numbers (they are spelled into the instruction).
+// Column blocks nb0 .. nb0 + NBT - 1 (NBT <= NB), all M rows.
+template <int NBT>
+void pass(const GemmArgs& a, int64_t nb0, int64_t K2, int64_t full, int64_t tail, float (*acc)[16][16]) {
+  const char* x = (const char*)a.x;
+  const char* w = (const char*)a.w + nb0 * K2 * 64;  // 64 bytes per input pair of a block
+  const int64_t ldx = a.ldx * 2, wblock = K2 * 64;
+  _tile_zero(0);
+  if constexpr (NBT > 1) _tile_zero(1);
+  if constexpr (NBT > 2) _tile_zero(2);
+  for (int64_t kp = 0; kp < full; kp += 16) {
+    _tile_loadd(3, x + kp * 4, ldx);
+    _tile_loadd(4, w + kp * 64, 64);
+    _tile_dpbf16ps(0, 3, 4);
+    if constexpr (NBT > 1) {
+      _tile_loadd(5, w + wblock + kp * 64, 64);
+      _tile_dpbf16ps(1, 3, 5);
+    }
+    if constexpr (NBT > 2) {
+      _tile_loadd(4, w + 2 * wblock + kp * 64, 64);
+      _tile_dpbf16ps(2, 3, 4);
+    }
+  }
+  if (tail > 0) {
+    _tile_loadd(6, x + full * 4, ldx);
+    _tile_loadd(7, w + full * 64, 64);
+    _tile_dpbf16ps(0, 6, 7);
+    if constexpr (NBT > 1) {
+      _tile_loadd(7, w + wblock + full * 64, 64);
+      _tile_dpbf16ps(1, 6, 7);
+    }
+    if constexpr (NBT > 2) {
+      _tile_loadd(7, w + 2 * wblock + full * 64, 64);
+      _tile_dpbf16ps(2, 6, 7);
+    }
+  }
+  _tile_stored(0, &acc[0][0][0], 64);
+  if constexpr (NBT > 1) _tile_stored(1, &acc[1][0][0], 64);
+  if constexpr (NBT > 2) _tile_stored(2, &acc[2][0][0], 64);
+}
+
+}  // namespace
+
+void gemm_bf16_amx_blocks(const GemmArgs& a, int64_t nb_begin, int64_t nb_end) {
+  const int64_t K2 = a.K / 2, full = K2 / 16 * 16, tail = K2 - full, M = a.M;
+  TileConfig cfg;
+  for (int t = 0; t < 3; ++t) {  // C: M rows x 16 floats
+    cfg.rows[t] = (uint8_t)M;
+    cfg.colsb[t] = 64;
+  }
+  cfg.rows[3] = (uint8_t)M;  // A: M rows x 16 input pairs
+  cfg.colsb[3] = 64;
+  for (int t = 4; t < 6; ++t) {  // B: 16 input pairs x 16 columns
+    cfg.rows[t] = 16;
+    cfg.colsb[t] = 64;
+  }
+  if (tail > 0) {
+    cfg.rows[6] = (uint8_t)M;
+    cfg.colsb[6] = (uint16_t)(tail * 4);
+    cfg.rows[7] = (uint8_t)tail;
+    cfg.colsb[7] = 64;
+  }
+  _tile_loadconfig(&cfg);
+  alignas(64) float acc[NB][16][16];
+  for (int64_t nb = nb_begin; nb < nb_end; nb += NB) {
+    const int64_t nt = imin(NB, nb_end - nb);
+    switch (nt) {
+      case 3: pass<3>(a, nb, K2, full, tail, acc); break;
+      case 2: pass<2>(a, nb, K2, full, tail, acc); break;
+      default: pass<1>(a, nb, K2, full, tail, acc); break;
+    }
+    for (int64_t j = 0; j < nt; ++j) {
+      const int64_t n0 = (nb + j) * 16;
+      if (n0 >= a.N) break;
+      const __mmask16 mask = tail_mask(a.N - n0);
+      const __m512 bias = block_bias(a, n0, mask);
+      for (int64_t i = 0; i < M; ++i) store_row(a, _mm512_load_ps(acc[j][i]), i, n0, bias, mask);
+    }
+  }
+  _tile_release();
+}
+
+}  // namespace avx512
+}  // namespace preheat
