@@ -75,6 +75,9 @@ void pass(const GemmArgs& a, int64_t nb0, int64_t K2, int64_t full, int64_t tail
   _tile_stored(0, &acc[0][0][0], 64);
   if constexpr (NBT > 1) _tile_stored(1, &acc[1][0][0], 64);
   if constexpr (NBT > 2) _tile_stored(2, &acc[2][0][0], 64);
+  // GCC 12's tile loads and stores are asm statements without a memory clobber: tell it
+  // that acc was written before the epilogue reads it.
+  asm volatile("" : : : "memory");
 }
 
 }  // namespace
@@ -98,6 +101,9 @@ void gemm_bf16_amx_blocks(const GemmArgs& a, int64_t nb_begin, int64_t nb_end) {
     cfg.rows[7] = (uint8_t)tail;
     cfg.colsb[7] = 64;
   }
+  // GCC 12 does not count LDTILECFG as reading the configuration: without this barrier it
+  // dropped the stores above (a zero configuration, then #UD at the first tile instruction).
+  asm volatile("" : : "r"(&cfg) : "memory");
   _tile_loadconfig(&cfg);
   alignas(64) float acc[NB][16][16];
   for (int64_t nb = nb_begin; nb < nb_end; nb += NB) {
