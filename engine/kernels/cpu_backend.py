@@ -43,7 +43,9 @@ class CpuKernelBackend(TorchBackend):
         16, said once in the log."""
         self.kernels = kernels
         if dense_from_rows is None:
-            dense_from_rows = cpu_ext.dense_prefill_rows(cpu_ext.read_cpu_flags(), getattr(kernels, "isa", ""))
+            amx = getattr(kernels, "amx", None)
+            dense_from_rows = cpu_ext.dense_prefill_rows(cpu_ext.read_cpu_flags(), getattr(kernels, "isa", ""),
+                                                         amx_kernels=bool(amx is not None and amx()))  # fmt: skip
         self.dense_from_rows = dense_from_rows
         self.int8_activation_bits = int8_activation_bits_for(kernels, int8_activation_bits)
 

@@ -73,15 +73,23 @@ def runnable_isas(flags: set[str]) -> list[str]:
 # (3.8 vs 0.5 ms at 512); dequantizing int8 / 4-bit codes costs ~0.3 ms, so those switch
 # only from ~160 rows (4-bit: 0.49 vs 0.46 ms at 128, 2.0 vs 0.67 ms at 512).
 DENSE_PREFILL_ROWS = {"bf16": 32, "int8": 160}
+# The same where our kernels multiply on AMX tiles themselves (the avx512 build's `amx()`,
+# gemm_bf16_amx.cpp): measured on the Xeon host (2 cores), SmolLM2's four products of a layer,
+# the tiles against unpacked / dequantized rows + oneDNN: bf16 0.17 vs 0.89 ms at 32 rows,
+# 1.95 vs 2.39 at 512, 4.0 vs 4.4 at 1024, 7.0 vs 4.9 at 1536; 4-bit codes (dequantized into a
+# bf16 panel, then the tiles) 0.23 vs 1.89 at 32, 4.4 vs 5.9 at 1024, 8.3 vs 6.3 at 1536.
+DENSE_PREFILL_ROWS_AMX_KERNELS = {"bf16": 1024, "int8": 1024}
 
 
-def dense_prefill_rows(flags: set[str], isa: str) -> dict[str, int]:
+def dense_prefill_rows(flags: set[str], isa: str, amx_kernels: bool = False) -> dict[str, int]:
     """Pure: per packed kind, the row count from which `linear.apply` multiplies through dense
     rows; empty (never) without AMX-BF16 or on the AVX2 build (an AVX2 CPU's library bf16
-    GEMM is slower than our kernel at every size: benchmarks/results/cpu_builds.md)."""
+    GEMM is slower than our kernel at every size: benchmarks/results/cpu_builds.md).
+    `amx_kernels`: the kernels multiply bf16 on AMX tiles themselves, up to a thousand rows
+    faster than unpacking for the library."""
     if isa != "avx512" or "amx_bf16" not in flags:
         return {}
-    return dict(DENSE_PREFILL_ROWS)
+    return dict(DENSE_PREFILL_ROWS_AMX_KERNELS if amx_kernels else DENSE_PREFILL_ROWS)
 
 
 def choose_isa(flags: set[str], override: str | None) -> tuple[str | None, str]:

@@ -105,5 +105,9 @@ def test_builds_are_found_in_the_environment_before_the_user_cache(tmp_path):
 
 def test_long_prompts_go_dense_only_where_the_library_gemm_has_amx():
     assert cpu_ext.dense_prefill_rows(SAPPHIRE_RAPIDS | {"amx_bf16"}, "avx512") == cpu_ext.DENSE_PREFILL_ROWS
+    # Kernels on AMX tiles themselves keep prompts of up to a thousand rows.
+    amx = cpu_ext.dense_prefill_rows(SAPPHIRE_RAPIDS | {"amx_bf16"}, "avx512", amx_kernels=True)
+    assert amx == cpu_ext.DENSE_PREFILL_ROWS_AMX_KERNELS and all(amx[k] > cpu_ext.DENSE_PREFILL_ROWS[k] for k in amx)
+    assert cpu_ext.dense_prefill_rows(SAPPHIRE_RAPIDS, "avx512", amx_kernels=True) == {}
     assert cpu_ext.dense_prefill_rows(SAPPHIRE_RAPIDS, "avx512") == {}  # e.g. Zen 4: not measured, kernels
     assert cpu_ext.dense_prefill_rows(SAPPHIRE_RAPIDS | {"amx_bf16"}, "avx2") == {}  # an AVX2 CPU has no AMX

@@ -198,7 +198,7 @@ AMX = "avx512" in ISAS and extension.avx512.amx()  # the CPU has AMX-BF16 and Li
 @pytest.mark.skipif(not AMX, reason="this CPU (or kernel) gives no AMX-BF16 tiles: the AVX-512 kernel runs every size")
 @SETTINGS
 @given(
-    m=st.integers(1, 16),
+    m=st.integers(1, 80),
     n=st.integers(1, 120),
     k=st.one_of(st.integers(1, 200).map(lambda x: 2 * x), st.integers(1, 12).map(lambda x: 32 * x)),
     pad=st.sampled_from([0, 2, 64]),
@@ -207,10 +207,13 @@ AMX = "avx512" in ISAS and extension.avx512.amx()  # the CPU has AMX-BF16 and Li
     seed=st.integers(0, 2**16),
 )
 def test_bf16_linear_on_amx_tiles_matches_the_avx512_kernel(m, n, k, pad, bias, residual, seed):
-    """Up to 16 rows the AVX-512 build multiplies on AMX tiles where it can (gemm_bf16_amx.cpp):
-    the same sums of exact bf16 products in float32 as vdpbf16ps, so both kernels agree to
-    float32 rounding before the output's bf16 rounding; rows with a stride (`pad`), inputs
-    that are not a multiple of a tile's 32 (the tail tiles), every column tail."""
+    """The AVX-512 build multiplies on AMX tiles where it can (gemm_bf16_amx.cpp: one tile of
+    rows with tail tiles for any K up to 16 rows; past 16 rows, when K is a multiple of 32,
+    groups of 32 rows in two tiles, the last group overlapping the one before; else the
+    vector kernel): the same sums of exact bf16 products in
+    float32 as vdpbf16ps, so both kernels agree to float32 rounding before the output's bf16
+    rounding; rows with a stride (`pad`), inputs that are not a multiple of a tile's 32,
+    every column tail."""
     kernels = extension.avx512
     g = torch.Generator().manual_seed(seed)
     x = torch.randn((m, k + pad), generator=g).bfloat16()[:, :k]
@@ -233,6 +236,43 @@ def test_bf16_linear_on_amx_tiles_matches_the_avx512_kernel(m, n, k, pad, bias, 
     # either side of a bf16 rounding boundary), nearly always identical.
     ulp = torch.maximum(tiles.float().abs(), vectors.float().abs()) * 2**-7 + 1e-30
     assert ((tiles.float() - vectors.float()).abs() <= ulp).all()
+
+
+@pytest.mark.skipif(not AMX, reason="this CPU (or kernel) gives no AMX-BF16 tiles: the AVX-512 kernel runs every size")
+@SETTINGS
+@given(
+    m=st.integers(1, 70),
+    n=st.integers(1, 100),
+    blocks=st.integers(1, 8),
+    four_bit=st.booleans(),
+    residual=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_int8_prompt_panel_on_amx_tiles_matches_the_avx512_kernel(m, n, blocks, four_bit, residual, seed):
+    """A prompt's bf16 rows against int8 / 4-bit codes go through a bf16 panel of the
+    dequantized codes (forced here at every row count): on AMX tiles where the CPU has them,
+    in groups of 32 rows past 16; the same sums as vdpbf16ps to float32 rounding."""
+    kernels = extension.avx512
+    g = torch.Generator().manual_seed(seed)
+    k = 32 * blocks
+    qw = int8.quantize(torch.randn((n, k), generator=g))
+    if four_bit:
+        qw = int8.QuantizedWeight((qw.codes.int() // 16).to(torch.uint8), qw.scales, qw.offsets)
+    codes, dm = int8.pack(qw)
+    x = torch.randn((m, k), generator=g).bfloat16()
+    r = torch.randn((m, n), generator=g).bfloat16() if residual else None
+    try:
+        tiles = kernels.linear_int8(x, codes, dm, n, None, r, bf16_panel_rows=1)
+        kernels.use_amx(False)
+        vectors = kernels.linear_int8(x, codes, dm, n, None, r, bf16_panel_rows=1)
+    finally:
+        kernels.use_amx(True)
+    ulp = torch.maximum(tiles.float().abs(), vectors.float().abs()) * 2**-7 + 1e-30
+    assert ((tiles.float() - vectors.float()).abs() <= ulp).all()
+    expected = F.linear(x.float(), int8.dequantize(qw).bfloat16().float())
+    if r is not None:
+        expected = r.float() + expected.bfloat16().float()
+    close(tiles, expected, torch.bfloat16, scale=k**0.5 / 4)
 
 
 def test_amx_can_be_switched_off_and_on():

@@ -1,4 +1,4 @@
-// The bf16 GEMM on AMX tiles (Intel Sapphire Rapids and later), for up to 16 rows: a decode
+// The bf16 GEMM on AMX tiles (Intel Sapphire Rapids and later), for up to 32 rows: a decode
 // step's products. Where a CPU has AMX-BF16, its AVX-512 vdpbf16ps can be the slow way to
 // multiply bf16 pairs (measured on the Xeon host, benchmarks/results/dot_product_rate.md:
 // 1.7 G vdpbf16ps a second a core against 7.1 G vpdpwssd), which made 8 and 16 rows
@@ -37,11 +37,11 @@ struct alignas(64) TileConfig {
 constexpr int NB = 3;  // column blocks (C tiles) per pass over K
 
 // The tile intrinsics take literal tile numbers (they are spelled into the instruction).
-// Column blocks nb0 .. nb0 + NBT - 1 (NBT <= NB), all M rows.
+// Column blocks nb0 .. nb0 + NBT - 1 (NBT <= NB), all M rows; `w` holds block nb0's weights
+// and the next ones' after them (64 bytes per input pair of a block).
 template <int NBT>
-void pass(const GemmArgs& a, int64_t nb0, int64_t K2, int64_t full, int64_t tail, float (*acc)[16][16]) {
+void pass(const GemmArgs& a, const char* w, int64_t K2, int64_t full, int64_t tail, float (*acc)[16][16]) {
   const char* x = (const char*)a.x;
-  const char* w = (const char*)a.w + nb0 * K2 * 64;  // 64 bytes per input pair of a block
   const int64_t ldx = a.ldx * 2, wblock = K2 * 64;
   _tile_zero(0);
   if constexpr (NBT > 1) _tile_zero(1);
@@ -80,9 +80,82 @@ void pass(const GemmArgs& a, int64_t nb0, int64_t K2, int64_t full, int64_t tail
   asm volatile("" : : : "memory");
 }
 
-}  // namespace
+// 17 to 32 rows (K a multiple of 32): two tiles of rows against two column blocks at a time,
+// each B tile used twice. Tiles: C 0, 1 (rows 0-15, blocks j0, j1) and 2, 3 (rows 16-), A 4
+// and 5 (the two tiles of rows), B 6 and 7 (the two blocks).
+template <int NBT>
+void pass_two_row_tiles(const GemmArgs& a, int64_t m0, const char* w, int64_t K2, float (*acc)[32][16]) {
+  const int64_t ldx = a.ldx * 2, wblock = K2 * 64;
+  const char* x = (const char*)a.x + m0 * ldx;
+  const char* x1 = x + 16 * ldx;
+  _tile_zero(0);
+  _tile_zero(2);
+  if constexpr (NBT > 1) {
+    _tile_zero(1);
+    _tile_zero(3);
+  }
+  for (int64_t kp = 0; kp < K2; kp += 16) {
+    _tile_loadd(4, x + kp * 4, ldx);
+    _tile_loadd(5, x1 + kp * 4, ldx);
+    _tile_loadd(6, w + kp * 64, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(2, 5, 6);
+    if constexpr (NBT > 1) {
+      _tile_loadd(7, w + wblock + kp * 64, 64);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+  _tile_stored(0, &acc[0][0][0], 64);
+  _tile_stored(2, &acc[0][16][0], 64);
+  if constexpr (NBT > 1) {
+    _tile_stored(1, &acc[1][0][0], 64);
+    _tile_stored(3, &acc[1][16][0], 64);
+  }
+  asm volatile("" : : : "memory");  // see pass
+}
 
-void gemm_bf16_amx_blocks(const GemmArgs& a, int64_t nb_begin, int64_t nb_end) {
+// More than 32 rows: groups of 32, the last one ending at row M (overlapping the one before
+// when M is not a multiple of 32: its rows are computed twice, to the same values, and
+// written twice; y is never the residual). Weights are read from memory once per group of
+// two column blocks and from cache for every further group of rows.
+void two_row_tiles(const GemmArgs& a, const char* w, int64_t nb_begin, int64_t nb_end) {
+  const int64_t K2 = a.K / 2, M = a.M, group = M < 32 ? M : 32;
+  TileConfig cfg;
+  for (int t = 0; t < 6; ++t) {  // C (0-3) and A (4, 5): 16 rows, or the rest in the second tile of rows
+    cfg.rows[t] = (uint8_t)(t == 2 || t == 3 || t == 5 ? group - 16 : 16);
+    cfg.colsb[t] = 64;
+  }
+  for (int t = 6; t < 8; ++t) {  // B: 16 input pairs x 16 columns
+    cfg.rows[t] = 16;
+    cfg.colsb[t] = 64;
+  }
+  asm volatile("" : : "r"(&cfg) : "memory");  // see gemm_bf16_amx_blocks
+  _tile_loadconfig(&cfg);
+  alignas(64) float acc[2][32][16];
+  for (int64_t nb = nb_begin; nb < nb_end; nb += 2) {
+    const int64_t nt = imin(2, nb_end - nb);
+    for (int64_t m = 0; m < M; m += group) {
+      const int64_t m0 = imin(m, M - group);
+      if (nt == 2)
+        pass_two_row_tiles<2>(a, m0, w + (nb - nb_begin) * K2 * 64, K2, acc);
+      else
+        pass_two_row_tiles<1>(a, m0, w + (nb - nb_begin) * K2 * 64, K2, acc);
+      for (int64_t j = 0; j < nt; ++j) {
+        const int64_t n0 = (nb + j) * 16;
+        if (n0 >= a.N) break;
+        const __mmask16 mask = tail_mask(a.N - n0);
+        const __m512 bias = block_bias(a, n0, mask);
+        for (int64_t i = 0; i < group; ++i) store_row(a, _mm512_load_ps(acc[j][i]), m0 + i, n0, bias, mask);
+      }
+    }
+  }
+  _tile_release();
+}
+
+// Column blocks [nb_begin, nb_end), their weights from `w` on.
+void amx_blocks(const GemmArgs& a, const char* w, int64_t nb_begin, int64_t nb_end) {
+  if (a.M > 16) return two_row_tiles(a, w, nb_begin, nb_end);
   const int64_t K2 = a.K / 2, full = K2 / 16 * 16, tail = K2 - full, M = a.M;
   TileConfig cfg;
   for (int t = 0; t < 3; ++t) {  // C: M rows x 16 floats
@@ -109,9 +182,9 @@ void gemm_bf16_amx_blocks(const GemmArgs& a, int64_t nb_begin, int64_t nb_end) {
   for (int64_t nb = nb_begin; nb < nb_end; nb += NB) {
     const int64_t nt = imin(NB, nb_end - nb);
     switch (nt) {
-      case 3: pass<3>(a, nb, K2, full, tail, acc); break;
-      case 2: pass<2>(a, nb, K2, full, tail, acc); break;
-      default: pass<1>(a, nb, K2, full, tail, acc); break;
+      case 3: pass<3>(a, w + (nb - nb_begin) * K2 * 64, K2, full, tail, acc); break;
+      case 2: pass<2>(a, w + (nb - nb_begin) * K2 * 64, K2, full, tail, acc); break;
+      default: pass<1>(a, w + (nb - nb_begin) * K2 * 64, K2, full, tail, acc); break;
     }
     for (int64_t j = 0; j < nt; ++j) {
       const int64_t n0 = (nb + j) * 16;
@@ -122,6 +195,16 @@ void gemm_bf16_amx_blocks(const GemmArgs& a, int64_t nb_begin, int64_t nb_end) {
     }
   }
   _tile_release();
+}
+
+}  // namespace
+
+void gemm_bf16_amx_blocks(const GemmArgs& a, int64_t nb_begin, int64_t nb_end) {
+  amx_blocks(a, (const char*)a.w + nb_begin * (a.K / 2) * 64, nb_begin, nb_end);
+}
+
+void gemm_bf16_amx_panel(const GemmArgs& a, const uint16_t* panel, int64_t nb0, int64_t nt) {
+  amx_blocks(a, (const char*)panel, nb0, nb0 + nt);
 }
 
 }  // namespace avx512

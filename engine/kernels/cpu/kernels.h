@@ -130,10 +130,13 @@ void gemm_int8_bf16_blocks(const GemmArgs& a, int64_t nb_begin, int64_t nb_end);
 // (benchmarks/results/long_prompt_matmul.md: 0.9-0.94x the int16 products' time at 32 rows;
 // at 16 the panel did not pay).
 constexpr int64_t INT8_BF16_PANEL_ROWS = 32;
-// The bf16 GEMM on AMX-BF16 tiles (gemm_bf16_amx.cpp), rows a.M <= AMX_BF16_MAX_ROWS:
-// gemm_bf16_blocks takes it for such products while amx_bf16_on (below) is set.
-constexpr int64_t AMX_BF16_MAX_ROWS = 16;
+// The bf16 GEMM on AMX-BF16 tiles (gemm_bf16_amx.cpp), any rows a.M <= 16, or any number
+// with K a multiple of 32: gemm_bf16_blocks takes it for such products while amx_bf16_on
+// (below) is set.
 void gemm_bf16_amx_blocks(const GemmArgs& a, int64_t nb_begin, int64_t nb_end);
+// The same over a panel holding column blocks [nb0, nb0 + nt) in the packed layout (the
+// int8 GEMM's dequantized codes, gemm_int8_bf16_blocks).
+void gemm_bf16_amx_panel(const GemmArgs& a, const uint16_t* panel, int64_t nb0, int64_t nt);
 }  // namespace avx512
 // Whether the AVX-512 build's bf16 GEMM uses AMX tiles: set by bindings.cpp once the CPU
 // reports AMX-BF16 and Linux granted this process the tile state (and not switched off by
