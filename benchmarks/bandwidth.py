@@ -28,6 +28,17 @@ from dataclasses import dataclass
 import torch
 
 
+def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The CPU's model name as the kernel reports it (a VM's may be generic), for result headers:
+    the same benchmark moves with the host (vdpbf16ps, AMX, memory rate)."""
+    with contextlib.suppress(OSError):
+        with open(cpuinfo) as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    return "unknown CPU"
+
+
 @dataclass(frozen=True)
 class Bandwidth:
     """GB/s (10^9 bytes per second) of each kernel at one thread count."""

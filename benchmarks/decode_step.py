@@ -369,7 +369,7 @@ def render(args, results, forward, breakdown, b1, sides, dense, gguf, ours) -> s
         "",
         f"Model: SmolLM2-135M-Instruct ({Path(gguf).name}; bf16 sides read it dequantised; int8 on "
         "the GGUF reads its Q4_1 layer blocks (4 bits a weight) and Q8_0 LM head as they are; int8 with "
-        f"8-bit codes quantizes the bf16 checkpoint), CPU, {torch.get_num_threads()} threads, contexts of "
+        f"8-bit codes quantizes the bf16 checkpoint), {bandwidth.cpu_model()}, {torch.get_num_threads()} threads, contexts of "
         f"{args.context} tokens growing by {args.rounds * args.steps + 2} during the run. Written by "
         "`benchmarks/decode_step.py`: all sides in one process, alternating in rounds of "
         f"{args.steps} steps ({args.rounds} rounds), medians. Preheat's figure is its whole engine step "
@@ -464,11 +464,12 @@ def render_floors(f: Floors, results: dict[int, dict[str, float]]) -> str:
         "measured steps. Multiple = the whole engine step (median, table above) / its floor.",
         "",
         "*Multiple at its round's rate*: each round of steps against the rate measured just before it "
-        "(STREAM read / copy / triad, 128 MiB as above, best of 3), the median over rounds. On this shared VM the "
-        "rate at 2 threads moved between ~50 and ~80 GB/s from minute to minute (1 thread: ~40 throughout; "
-        "likely where the hypervisor placed the two vCPUs), so the fastest rate of the run can belong to "
-        "other minutes than a side's steps; the paired multiple compares each step with the machine it ran "
-        "on. Where a batch's steps took as long at ~80 GB/s as at ~55, the step is not bound by memory. "
+        "(STREAM read / copy / triad, 128 MiB as above, best of 3), the median over rounds. On a shared VM the "
+        "rate can move from minute to minute (on the AMD EPYC host, 2 threads between ~50 and ~80 GB/s, 1 "
+        "thread ~40 throughout: likely where the hypervisor placed the two vCPUs), so the fastest rate of the "
+        "run can belong to other minutes than a side's steps; the paired multiple compares each step with the "
+        "machine it ran on. Where a batch's steps took as long at a fast round's rate as at a slow one's, the "
+        "step is not bound by memory. "
         "Rates before each batch size's rounds: "
         + "; ".join(f"batch {b}: " + ", ".join(f"{g:.0f}" for g in r) + " GB/s" for b, r in f.round_gbps.items())
         + ".",

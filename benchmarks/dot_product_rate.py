@@ -136,7 +136,7 @@ def run(threads: int, count: int, context: int) -> str:
         "## Dot-product rate and the compute floor of a decode step",
         "",
         f"Written by `benchmarks/dot_product_rate.py` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
-        f"{threads} threads, {os.cpu_count()} CPUs. Each instruction on 16 independent accumulators, no "
+        f"{bandwidth.cpu_model()}, {threads} threads, {os.cpu_count()} CPUs. Each instruction on 16 independent accumulators, no "
         f"memory, {count:,} per thread, best of 3.",
         "",
         "| instruction | multiply-adds | G instructions/s, 1 thread | G instructions/s, all threads | multiply-adds/s, all threads | used by |",
@@ -153,8 +153,8 @@ def run(threads: int, count: int, context: int) -> str:
         f"{facts.kv_bytes_per_token / 1e3:.1f} kB of bf16 KV per token of context ({context} tokens a row "
         f"here, decode_step.py's mean). Memory rate: {gbps:.1f} GB/s, the faster of "
         + " and ".join(f"{g:.1f}" for g in rates_gbps)
-        + " measured at the start and the end (bandwidth.py, best of copy / triad / read; on this VM it "
-        "moves between ~50 and ~80 GB/s). Compute floor = rows x weights / the multiply-adds per second above (attention, "
+        + " measured at the start and the end (bandwidth.py, best of copy / triad / read; on a shared VM "
+        "it moves: ~50-80 GB/s on the AMD EPYC host, ~30 on the Xeon). Compute floor = rows x weights / the multiply-adds per second above (attention, "
         "norms and everything else left out: a floor below the real one); memory floor = (weight bytes + "
         "the batch's KV) / the rate, as decode_step.py counts it.",
         "",
