@@ -594,10 +594,10 @@ void bind_set(pybind11::module_& m, const KernelSet& k) {
           return was;
         },
         arg("on"),
-        "whether the bf16 GEMM of up to 32 rows runs on AMX tiles where the CPU and OS allow them (the "
-        "default); returns the previous setting");
+        "whether the bf16 GEMM (and the int8 prompt path's bf16 panel) runs on AMX tiles where the CPU "
+        "and OS allow them (the default); returns the previous setting");
     m.def(
-        "amx", [] { return (bool)amx_bf16_on; }, "whether the bf16 GEMM of up to 32 rows runs on AMX tiles now");
+        "amx", [] { return (bool)amx_bf16_on; }, "whether the bf16 GEMM runs on AMX tiles now");
   }
   m.def(
       "decode_attention",

@@ -1,9 +1,10 @@
-// The bf16 GEMM on AMX tiles (Intel Sapphire Rapids and later), for up to 32 rows: a decode
-// step's products. Where a CPU has AMX-BF16, its AVX-512 vdpbf16ps can be the slow way to
-// multiply bf16 pairs (measured on the Xeon host, benchmarks/results/dot_product_rate.md:
-// 1.7 G vdpbf16ps a second a core against 7.1 G vpdpwssd), which made 8 and 16 rows
-// compute-bound; one TDPBF16PS multiplies a tile of up to 16 rows x 32 inputs by 32 inputs
-// x 16 columns (16 x 512 multiply-adds), so the products are left waiting on memory only.
+// The bf16 GEMM on AMX tiles (Intel Sapphire Rapids and later): a decode step's products and
+// a prompt's (up to cpu_ext.DENSE_PREFILL_ROWS_AMX_KERNELS rows, oneDNN's beyond). Where a
+// CPU has AMX-BF16, its AVX-512 vdpbf16ps can be the slow way to multiply bf16 pairs
+// (measured on the Xeon host, benchmarks/results/dot_product_rate.md: 1.7 G vdpbf16ps a
+// second a core against 7.1 G vpdpwssd), which made 8 and 16 rows compute-bound; one
+// TDPBF16PS multiplies a tile of up to 16 rows x 32 inputs by 32 inputs x 16 columns
+// (16 x 512 multiply-adds), so the products are left waiting on memory only.
 //
 // The packed weights ([K/2, 16, 2] bf16 pairs per block of 16 columns) are already the B
 // tile's layout: 16 input pairs x 16 columns, 64 bytes a pair, 1 KiB back to back. The rows

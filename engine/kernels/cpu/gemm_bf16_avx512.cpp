@@ -58,8 +58,7 @@ void gemm_bf16_rows(const GemmArgs& a, const uint16_t* w, int64_t nb0, int64_t n
 }
 
 void gemm_bf16_blocks(const GemmArgs& a, int64_t nb_begin, int64_t nb_end) {
-  if (amx_bf16_on && (a.M <= 16 || a.K % 32 == 0))
-    return gemm_bf16_amx_blocks(a, nb_begin, nb_end);
+  if (amx_bf16_takes(a)) return gemm_bf16_amx_blocks(a, nb_begin, nb_end);
   const uint16_t* w = (const uint16_t*)a.w;
   const int64_t block = a.K / 2 * 32;  // bf16 values per column block
   // Up to 2 tiles of rows the products take less time than their weights' bytes and the

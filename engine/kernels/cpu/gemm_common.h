@@ -65,6 +65,10 @@ inline void store_tile(const GemmArgs& a, __m512 (&acc)[MT][NT], int64_t m0, int
   }
 }
 
+// Whether a bf16 product of these rows runs on AMX tiles (gemm_bf16_amx.cpp): where they are
+// switched on, any rows up to 16, more when K is a multiple of 32 (two tiles of rows).
+inline bool amx_bf16_takes(const GemmArgs& a) { return amx_bf16_on && (a.M <= 16 || a.K % 32 == 0); }
+
 }  // namespace
 
 namespace avx512 {

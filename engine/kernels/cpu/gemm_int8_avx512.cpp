@@ -283,8 +283,8 @@ void gemm_int8_bf16_bits(const GemmArgs& a, int64_t nb_begin, int64_t nb_end) {
     dequantize_panel<BITS>(a, nb, nt, panel);
     Ahead ahead[2];
     ahead_of_next<BITS>(a, nb, NT_BF16, nb_end, steps, ahead);
-    if (amx_bf16_on && (a.M <= 16 || a.K % 32 == 0))
-      gemm_bf16_amx_panel(a, panel, nb, nt);  // as gemm_bf16_blocks would
+    if (amx_bf16_takes(a))
+      gemm_bf16_amx_panel(a, panel, nb, nt);
     else
       gemm_bf16_rows(a, panel, nb, nt, &ahead[0]);  // the scales are a fifth of the bytes: left to the hardware
   }

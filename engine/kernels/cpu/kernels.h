@@ -132,7 +132,7 @@ void gemm_int8_bf16_blocks(const GemmArgs& a, int64_t nb_begin, int64_t nb_end);
 constexpr int64_t INT8_BF16_PANEL_ROWS = 32;
 // The bf16 GEMM on AMX-BF16 tiles (gemm_bf16_amx.cpp), any rows a.M <= 16, or any number
 // with K a multiple of 32: gemm_bf16_blocks takes it for such products while amx_bf16_on
-// (below) is set.
+// (below) is set (gemm_common.h, amx_bf16_takes).
 void gemm_bf16_amx_blocks(const GemmArgs& a, int64_t nb_begin, int64_t nb_end);
 // The same over a panel holding column blocks [nb0, nb0 + nt) in the packed layout (the
 // int8 GEMM's dequantized codes, gemm_int8_bf16_blocks).
