@@ -195,6 +195,24 @@ def test_bf16_linear_matches_torch(m, n, k, bias, residual, seed, kernels):
 AMX = "avx512" in ISAS and extension.avx512.amx()  # the CPU has AMX-BF16 and Linux granted its tiles
 
 
+def on_tiles_and_vectors(product):
+    """(on AMX tiles, on the AVX-512 vector kernel): `product()` run once each way, the
+    tiles switched back on after, and the two held to one bf16 unit in the last place of the
+    larger value (a float32 sum rounded on either side of a bf16 rounding boundary; nearly
+    always identical)."""
+    kernels = extension.avx512
+    assert kernels.amx()
+    try:
+        tiles = product()
+        assert kernels.use_amx(False)
+        vectors = product()
+    finally:
+        kernels.use_amx(True)
+    ulp = torch.maximum(tiles.float().abs(), vectors.float().abs()) * 2**-7 + 1e-30
+    assert ((tiles.float() - vectors.float()).abs() <= ulp).all()
+    return tiles, vectors
+
+
 @pytest.mark.skipif(not AMX, reason="this CPU (or kernel) gives no AMX-BF16 tiles: the AVX-512 kernel runs every size")
 @SETTINGS
 @given(
@@ -221,21 +239,11 @@ def test_bf16_linear_on_amx_tiles_matches_the_avx512_kernel(m, n, k, pad, bias, 
     b = torch.randn(n, generator=g).bfloat16() if bias else None
     r = torch.randn((m, n), generator=g).bfloat16() if residual else None
     packed = pack_bf16(w)
-    assert kernels.amx()
-    try:
-        tiles = kernels.linear_bf16(x, packed, n, b, r)
-        assert kernels.use_amx(False)
-        vectors = kernels.linear_bf16(x, packed, n, b, r)
-    finally:
-        kernels.use_amx(True)
+    tiles, _ = on_tiles_and_vectors(lambda: kernels.linear_bf16(x, packed, n, b, r))
     expected = F.linear(x.float(), w.float(), None if b is None else b.float())
     if r is not None:
         expected = r.float() + expected.bfloat16().float()
     close(tiles, expected, torch.bfloat16, scale=k**0.5 / 4)
-    # One bf16 unit in the last place of the larger value at most (a float32 sum rounded on
-    # either side of a bf16 rounding boundary), nearly always identical.
-    ulp = torch.maximum(tiles.float().abs(), vectors.float().abs()) * 2**-7 + 1e-30
-    assert ((tiles.float() - vectors.float()).abs() <= ulp).all()
 
 
 @pytest.mark.skipif(not AMX, reason="this CPU (or kernel) gives no AMX-BF16 tiles: the AVX-512 kernel runs every size")
@@ -261,14 +269,7 @@ def test_int8_prompt_panel_on_amx_tiles_matches_the_avx512_kernel(m, n, blocks, 
     codes, dm = int8.pack(qw)
     x = torch.randn((m, k), generator=g).bfloat16()
     r = torch.randn((m, n), generator=g).bfloat16() if residual else None
-    try:
-        tiles = kernels.linear_int8(x, codes, dm, n, None, r, bf16_panel_rows=1)
-        kernels.use_amx(False)
-        vectors = kernels.linear_int8(x, codes, dm, n, None, r, bf16_panel_rows=1)
-    finally:
-        kernels.use_amx(True)
-    ulp = torch.maximum(tiles.float().abs(), vectors.float().abs()) * 2**-7 + 1e-30
-    assert ((tiles.float() - vectors.float()).abs() <= ulp).all()
+    tiles, _ = on_tiles_and_vectors(lambda: kernels.linear_int8(x, codes, dm, n, None, r, bf16_panel_rows=1))
     expected = F.linear(x.float(), int8.dequantize(qw).bfloat16().float())
     if r is not None:
         expected = r.float() + expected.bfloat16().float()

@@ -37,6 +37,29 @@ struct alignas(64) TileConfig {
 
 constexpr int NB = 3;  // column blocks (C tiles) per pass over K
 
+// Loads this thread's tile configuration. GCC 12 does not count LDTILECFG as reading the
+// configuration: without the barrier it dropped the stores that fill it in (a zero
+// configuration, then #UD at the first tile instruction).
+inline void load_config(const TileConfig& cfg) {
+  asm volatile("" : : "r"(&cfg) : "memory");
+  _tile_loadconfig(&cfg);
+}
+
+// Stores rows [m0, m0 + rows) of column blocks [nb, nb + nt) from the accumulators the tiles
+// were stored to (acc: block j's row i at acc + (j * block_rows + i) * 16) with bias and
+// residual.
+inline void store_blocks(const GemmArgs& a, const float* acc, int64_t block_rows, int64_t nb, int64_t nt,
+                         int64_t m0, int64_t rows) {
+  for (int64_t j = 0; j < nt; ++j) {
+    const int64_t n0 = (nb + j) * 16;
+    if (n0 >= a.N) break;
+    const __mmask16 mask = tail_mask(a.N - n0);
+    const __m512 bias = block_bias(a, n0, mask);
+    for (int64_t i = 0; i < rows; ++i)
+      store_row(a, _mm512_load_ps(acc + (j * block_rows + i) * 16), m0 + i, n0, bias, mask);
+  }
+}
+
 // The tile intrinsics take literal tile numbers (they are spelled into the instruction).
 // Column blocks nb0 .. nb0 + NBT - 1 (NBT <= NB), all M rows; `w` holds block nb0's weights
 // and the next ones' after them (64 bytes per input pair of a block).
@@ -131,8 +154,7 @@ void two_row_tiles(const GemmArgs& a, const char* w, int64_t nb_begin, int64_t n
     cfg.rows[t] = 16;
     cfg.colsb[t] = 64;
   }
-  asm volatile("" : : "r"(&cfg) : "memory");  // see gemm_bf16_amx_blocks
-  _tile_loadconfig(&cfg);
+  load_config(cfg);
   alignas(64) float acc[2][32][16];
   for (int64_t nb = nb_begin; nb < nb_end; nb += 2) {
     const int64_t nt = imin(2, nb_end - nb);
@@ -142,13 +164,7 @@ void two_row_tiles(const GemmArgs& a, const char* w, int64_t nb_begin, int64_t n
         pass_two_row_tiles<2>(a, m0, w + (nb - nb_begin) * K2 * 64, K2, acc);
       else
         pass_two_row_tiles<1>(a, m0, w + (nb - nb_begin) * K2 * 64, K2, acc);
-      for (int64_t j = 0; j < nt; ++j) {
-        const int64_t n0 = (nb + j) * 16;
-        if (n0 >= a.N) break;
-        const __mmask16 mask = tail_mask(a.N - n0);
-        const __m512 bias = block_bias(a, n0, mask);
-        for (int64_t i = 0; i < group; ++i) store_row(a, _mm512_load_ps(acc[j][i]), m0 + i, n0, bias, mask);
-      }
+      store_blocks(a, &acc[0][0][0], 32, nb, nt, m0, group);
     }
   }
   _tile_release();
@@ -175,10 +191,7 @@ void amx_blocks(const GemmArgs& a, const char* w, int64_t nb_begin, int64_t nb_e
     cfg.rows[7] = (uint8_t)tail;
     cfg.colsb[7] = 64;
   }
-  // GCC 12 does not count LDTILECFG as reading the configuration: without this barrier it
-  // dropped the stores above (a zero configuration, then #UD at the first tile instruction).
-  asm volatile("" : : "r"(&cfg) : "memory");
-  _tile_loadconfig(&cfg);
+  load_config(cfg);
   alignas(64) float acc[NB][16][16];
   for (int64_t nb = nb_begin; nb < nb_end; nb += NB) {
     const int64_t nt = imin(NB, nb_end - nb);
@@ -187,13 +200,7 @@ void amx_blocks(const GemmArgs& a, const char* w, int64_t nb_begin, int64_t nb_e
       case 2: pass<2>(a, w + (nb - nb_begin) * K2 * 64, K2, full, tail, acc); break;
       default: pass<1>(a, w + (nb - nb_begin) * K2 * 64, K2, full, tail, acc); break;
     }
-    for (int64_t j = 0; j < nt; ++j) {
-      const int64_t n0 = (nb + j) * 16;
-      if (n0 >= a.N) break;
-      const __mmask16 mask = tail_mask(a.N - n0);
-      const __m512 bias = block_bias(a, n0, mask);
-      for (int64_t i = 0; i < M; ++i) store_row(a, _mm512_load_ps(acc[j][i]), i, n0, bias, mask);
-    }
+    store_blocks(a, &acc[0][0][0], 16, nb, nt, 0, M);
   }
   _tile_release();
 }
