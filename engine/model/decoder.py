@@ -21,7 +21,7 @@ from preheat.engine.kernels.int8 import QuantizedWeight
 from preheat.engine.kernels.linear import LinearWeight
 from preheat.engine.kernels.rope import RotaryEmbedding
 from preheat.engine.kernels.torch_backend import TorchBackend
-from preheat.engine.model import decode_stack
+from preheat.engine.model import decode_stack, weight_arena
 from preheat.engine.model.layers import Attention, AttentionMetadata, DenseMLP, StepContext
 from preheat.engine.model.moe import SparseMoE
 from preheat.engine.model.spec import ModelSpec
@@ -104,8 +104,17 @@ class DecoderModel:
                 self.step_weight_bytes += t.numel() * t.element_size()
         # oneDNN builds a kernel per matrix shape (cuBLAS and our CPU kernels need none).
         self.pad_rows = embed.device.type == "cpu" and self.backend.pad_cpu_rows
+        # With PREHEAT_HUGE_PAGES=1, the CPU kernels' matrices in huge pages (fewer TLB misses).
+        self.weight_arena = weight_arena.gather(self.matrices())
         # Decode steps' layers in one call into the CPU kernels, where every layer allows it.
         self.decode_stack = decode_stack.build(self)
+
+    def matrices(self) -> list[LinearWeight]:
+        """Every prepared matrix a step multiplies by: the layers' (attention's and the MLP's
+        own attributes; experts keep their own storage) and the LM head."""
+        out = [w for layer in self.layers for part in (layer.attn, layer.mlp) for w in vars(part).values()
+               if isinstance(w, LinearWeight)]  # fmt: skip
+        return out + ([self.lm_head] if isinstance(self.lm_head, LinearWeight) else [])
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, meta: AttentionMetadata, kv_pool) -> torch.Tensor:

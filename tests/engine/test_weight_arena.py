@@ -1,0 +1,113 @@
+"""The CPU kernels' matrices in one huge-page mapping (engine/model/weight_arena.py): every
+packed tensor moves, bytes and sharing kept, the mapping advised for 2 MiB pages; nothing
+moves unless asked for (PREHEAT_HUGE_PAGES=1) and where huge pages are off; what is already in an arena stays; a model serves the same
+tokens either way."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+from preheat.engine import LLM, SamplingParams
+from preheat.engine.kernels import cpu_ext
+from preheat.engine.kernels.linear import LinearWeight
+from preheat.engine.model import weight_arena
+
+ON = {"PREHEAT_HUGE_PAGES": "1"}
+
+
+def int8_weight(n: int = 48, k: int = 64, seed: int = 0, bias: bool = True) -> LinearWeight:
+    g = torch.Generator().manual_seed(seed)
+    packed = torch.randint(0, 255, (n // 16, k // 2, 16, 2), generator=g, dtype=torch.uint8)
+    scales = torch.randn(n // 16, k // 32, 2, 16, generator=g).to(torch.float16)
+    return LinearWeight(n, k, "int8", packed=packed, scales=scales,
+                        bias=torch.randn(n, generator=g).to(torch.bfloat16) if bias else None)  # fmt: skip
+
+
+def advised(address: int) -> bool:
+    """Whether the mapping holding `address` is marked for huge pages (smaps' VmFlags `hg`)."""
+    current = None
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                current = lo <= address < hi
+            elif head == "VmFlags:" and current:
+                return "hg" in line.split()[1:]
+    return False
+
+
+def test_every_packed_tensor_moves_with_its_bytes_and_sharing():
+    a, b = int8_weight(seed=1), int8_weight(seed=2, bias=False)
+    b.scales = a.scales  # shared between two weights: stays one tensor
+    dense = LinearWeight(16, 32, "dense", weight=torch.randn(16, 32))
+    before = {(id(w), name): getattr(w, name).clone() for w in (a, b) for name in ("packed", "scales", "bias")
+              if getattr(w, name) is not None}  # fmt: skip
+    dense_weight = dense.weight
+    arena = weight_arena.gather([a, b, dense, a], environ=ON, setting="madvise")
+    assert arena is not None and arena.tensors == 4  # a: packed, scales, bias; b: packed (its scales are a's)
+    for (wid, name), old in before.items():
+        w = a if wid == id(a) else b
+        t = getattr(w, name)
+        assert weight_arena.holder(t) is arena and torch.equal(t, old) and t.is_contiguous()
+        assert arena.base <= t.data_ptr() < arena.base + arena.nbytes and t.data_ptr() % weight_arena.ALIGN == 0
+    assert b.scales.data_ptr() == a.scales.data_ptr()
+    assert dense.weight is dense_weight  # not a packed kind: left alone
+    assert arena.base % weight_arena.HUGE_PAGE == 0
+    if sys.platform.startswith("linux"):
+        assert advised(arena.base)
+    # Already in an arena: a second gather moves nothing and names the same arena.
+    assert weight_arena.gather([a, b], environ=ON, setting="madvise") is arena
+
+
+@pytest.mark.parametrize("environ,setting,reason", [
+    ({"PREHEAT_HUGE_PAGES": "0"}, "madvise", "PREHEAT_HUGE_PAGES is not 1"),
+    ({}, "always", "PREHEAT_HUGE_PAGES is not 1"),  # off unless asked for (its cost at start)
+    (ON, "never", "transparent huge pages are never"),
+    (ON, None, "transparent huge pages are unavailable"),
+])  # fmt: skip
+def test_nothing_moves_where_huge_pages_are_off(environ, setting, reason, monkeypatch, tmp_path):
+    monkeypatch.setattr(weight_arena, "THP_SETTING", tmp_path / "missing")  # `None`: the file is unreadable
+    w = int8_weight()
+    packed = w.packed
+    assert weight_arena.why_not(environ, setting) == reason
+    assert weight_arena.gather([w], environ=environ, setting=setting) is None
+    assert w.packed is packed
+
+
+def test_the_kernel_setting_is_the_bracketed_word(tmp_path):
+    f = tmp_path / "enabled"
+    f.write_text("always [madvise] never\n")
+    assert weight_arena.thp_setting(f) == "madvise"
+    f.write_text("[always] madvise never\n")
+    assert weight_arena.thp_setting(f) == "always"
+    assert weight_arena.thp_setting(tmp_path / "missing") is None
+
+
+def test_an_arena_refuses_more_than_it_holds():
+    arena = weight_arena.Arena(128)
+    arena.place(torch.zeros(100, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="full"):
+        arena.place(torch.zeros(64, dtype=torch.uint8))
+
+
+@pytest.mark.skipif(cpu_ext.load() is None, reason="packed matrices are the CPU kernels'")
+def test_a_model_serves_the_same_tokens_from_huge_pages(tiny_llama_dir, monkeypatch):
+    prompts, params = [[5, 17, 300, 42, 9], list(range(100, 150))], SamplingParams(max_tokens=8, temperature=0)
+    runs = {}
+    for switch in ("0", "1"):
+        monkeypatch.setenv("PREHEAT_HUGE_PAGES", switch)
+        llm = LLM(model=str(tiny_llama_dir), weight_cache_dir="off", max_total_tokens=512, page_size=4)
+        model = llm.engine.model
+        runs[switch] = [r.token_ids for r in llm.generate(prompts, params)]
+        if switch == "0" or weight_arena.why_not() is not None:
+            assert model.weight_arena is None
+        else:  # every matrix a step multiplies by, the LM head too, in the one arena
+            assert model.weight_arena is not None
+            for w in model.matrices():
+                assert weight_arena.holder(w.packed) is model.weight_arena
+        del llm, model
+    assert runs["0"] == runs["1"]
