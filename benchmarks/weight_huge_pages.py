@@ -33,9 +33,9 @@ def side(label: str, huge: bool, config: dict) -> EngineSide:
         s = EngineSide(label, "cpu", dtype="bfloat16", **config)
     finally:
         os.environ.pop("PREHEAT_HUGE_PAGES", None)
-    arena = s.engine.runner.model.weight_arena
-    if (arena is not None) != huge:
-        raise SystemExit(f"{label}: weights {'not ' if huge else ''}in huge pages (transparent huge pages off?)")
+    move = s.engine.weight_move  # the background copy (weight_arena.WeightMove), swapped in at a step
+    if (move is not None and move.wait(120)) != huge:
+        raise SystemExit(f"{label}: weights {'not ' if huge else ''}moving into huge pages (THP off? memory short?)")
     return s
 
 
@@ -55,6 +55,8 @@ def main(argv: list[str] | None = None) -> int:
             for s in pair:
                 s.start(prompts_for(s.engine.tokenizer, batch, args.context))
                 s.steps(3)
+                if (s.engine.model.weight_arena is not None) != (s is pair[1]):
+                    raise SystemExit(f"{s.label}: the matrices are not where this side needs them")
             for r in range(args.rounds):
                 for s in pair if r % 2 == 0 else pair[::-1]:
                     times[s.label] += s.steps(args.steps)
@@ -70,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
         f"Written by `benchmarks/weight_huge_pages.py` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
         f"{cpu_model()}, {os.cpu_count()} CPUs. SmolLM2-135M-Instruct (the embedded GGUF). For each format two "
         "engines in one process, built alike but for PREHEAT_HUGE_PAGES (0: each matrix in its own 4 KiB pages, "
-        "as before; 1: all of them in one mapping advised MADV_HUGEPAGE, engine/model/weight_arena.py); their "
+        "as before; 1, the default: all of them copied into one mapping advised MADV_HUGEPAGE in the background "
+        "and swapped in at a step, engine/model/weight_arena.py); their "
         f"whole engine steps alternate in {args.rounds} rounds of {args.steps}, after prompts of {args.context} "
         "tokens; medians over all rounds.",
         "",

@@ -167,6 +167,10 @@ class Lifecycle:
             return False
         ae.set_phase("ready")
         log.info("ready in %.1fs", time.monotonic() - began)
+        # Work that only speeds serving up starts now, not on the way to ready.
+        start_weight_move = getattr(ae.engine, "start_weight_move", None)
+        if start_weight_move is not None:
+            start_weight_move()
         return True
 
     async def _download(self) -> None:

@@ -104,8 +104,9 @@ class DecoderModel:
                 self.step_weight_bytes += t.numel() * t.element_size()
         # oneDNN builds a kernel per matrix shape (cuBLAS and our CPU kernels need none).
         self.pad_rows = embed.device.type == "cpu" and self.backend.pad_cpu_rows
-        # With PREHEAT_HUGE_PAGES=1, the CPU kernels' matrices in huge pages (fewer TLB misses).
-        self.weight_arena = weight_arena.gather(self.matrices())
+        # The huge-page arena the matrices live in once the engine's WeightMove has swapped
+        # them in (engine/model/weight_arena.py), else None.
+        self.weight_arena: weight_arena.Arena | None = None
         # Decode steps' layers in one call into the CPU kernels, where every layer allows it.
         self.decode_stack = decode_stack.build(self)
 

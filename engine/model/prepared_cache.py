@@ -32,7 +32,6 @@ import torch
 
 from preheat.engine.kernels import linear
 from preheat.engine.kernels.linear import LinearWeight
-from preheat.engine.model import weight_arena
 from preheat.engine.model.spec import ModelSpec
 from preheat.engine.model.weights_id import write_entry
 
@@ -96,17 +95,6 @@ def model_linears(model: Any) -> dict[str, LinearWeight]:
     return out | {"lm_head": model.lm_head}
 
 
-def _nbytes(tensor_slice: Any) -> int:
-    """Bytes of a tensor in a safetensors file, from its header (nothing read)."""
-    numel = 1
-    for n in tensor_slice.get_shape():
-        numel *= n
-    return numel * _ITEMSIZE[tensor_slice.get_dtype()]
-
-
-_ITEMSIZE = {"U8": 1, "I8": 1, "F16": 2, "BF16": 2, "I16": 2, "F32": 4, "I32": 4, "F64": 8, "I64": 8}
-
-
 def read(entry: Path, spec: ModelSpec, dtype: torch.dtype, kernels: Any,
          dense_from_rows: dict[str, int] | None, activation_bits: int = 16) -> dict[str, LinearWeight] | None:  # fmt: skip
     """The prepared matrices of a complete entry, or None (no entry, or one that does not
@@ -123,18 +111,11 @@ def read(entry: Path, spec: ModelSpec, dtype: torch.dtype, kernels: Any,
             if set(kinds) != set(shapes):
                 raise ValueError("the entry holds other matrices than this model's")
             tensors: dict[str, dict[str, torch.Tensor]] = {name: {} for name in kinds}
-            # Straight into the huge-page arena the model keeps them in (weight_arena.py), one
-            # tensor at a time: each read's own buffer is freed before the next, so the
-            # memory is touched once, as the arena's.
-            arena = weight_arena.open_arena(sum(weight_arena.Arena.slot(_nbytes(f.get_slice(key)))
-                                                for key in f.keys()))  # fmt: skip
             for key in f.keys():
                 name, _, part = key.rpartition(".")
                 if name not in tensors:
                     raise ValueError(f"unexpected tensor {key}")
-                t = f.get_tensor(key)
-                tensors[name][part] = arena.place(t) if arena is not None else t
-                del t
+                tensors[name][part] = f.get_tensor(key)
         out = {name: linear.restore(kinds[name], *shapes[name], tensors[name], dtype, kernels, dense_from_rows,
                                     activation_bits)
                for name in linear_names(spec)}  # fmt: skip

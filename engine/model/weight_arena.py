@@ -2,35 +2,39 @@
 
 A decode step streams every matrix once, and on the CPU a matrix lies in 4 KiB pages of
 its own allocation: each 4 KiB of weights costs the core a TLB miss and a page walk while
-the kernel streams it, ~25,000 of them a step for the embedded model's 98 MB. `gather`
-moves every packed matrix (the CPU kernels' kinds: codes, block scales, biases) into one
-anonymous mapping advised MADV_HUGEPAGE, so the kernel backs it with transparent huge
-pages: 2 MiB a TLB entry, ~50 for the same model. Measured (benchmarks/results/
-weight_huge_pages.md: same process, the two placements alternating): SmolLM2's 4-bit GGUF
-decode steps 0.93-0.95x the time at batch 1 and 8 on the Intel Xeon host.
+the kernel streams it, ~25,000 of them a step for the embedded model's 98 MB. Here every
+packed matrix (the CPU kernels' kinds: codes, block scales, biases) goes into one anonymous
+mapping advised MADV_HUGEPAGE, so the kernel backs it with transparent huge pages: 2 MiB a
+TLB entry, ~50 for the same model. Measured (benchmarks/results/weight_huge_pages.md: same
+process, the two placements alternating): SmolLM2's 4-bit GGUF decode steps 0.95x the time
+at batch 1 and 8 on the Intel Xeon host, bf16 0.98-0.99x.
 
-Off by default, on with PREHEAT_HUGE_PAGES=1, because of what it costs at start: the
-matrices' memory is touched as 2 MiB pages, once — a restart reads the prepared cache
-straight into the arena (prepared_cache.read), a first start packs them and then moves them
-here, each old tensor freed as it moves — plus up to 2 MiB of padding. On this project's
-VM, whose hypervisor backs guest memory on first touch, that was 0.3-0.36 s more load for
-the embedded model (94 MiB), and restarts with templates + snapshot went from a median of
-3.46 s to 4.35 s to ready (benchmarks/cold_start.py), past issue 27's 4 s; with memory
-already backed it is ~13 ms to zero and 9 ms to copy. A long-running server on a machine
-whose memory is backed (bare metal, most cloud VMs) is where to turn it on. Nothing moves
-where the machine gives no huge pages (THP `never`, not Linux); the kernels read the same
-bytes either way, so outputs are identical. The KV pool stays in 4 KiB pages (kv/pool.py:
-a first touch of a 2 MiB page inside a prefill would zero all of it).
+Never on the way to /ready: done synchronously at load, the first touch of the new memory
+(0.3-0.36 s for the embedded model on this project's VM, whose hypervisor backs guest
+memory on first touch) took restarts with templates + snapshot from 3.46 s to 4.35 s to
+ready, past issue 27's 4 s. So the engine starts `WeightMove` once it serves
+(Engine.start_weight_move: after /ready, or at the end of LLM(...)): a thread at idle
+priority copies the matrices into an arena while the engine serves from the old ones, and
+the stepping thread swaps them in at the start of a step (`apply_if_done`: the weights'
+attributes and the decode stack's native object, which holds raw pointers), then the old
+tensors are freed. Memory peaks at the weights twice until then, so a move that would take
+more than half the memory left is not made. Nothing moves with PREHEAT_HUGE_PAGES=0, where
+the machine gives no huge pages (THP `never`, not Linux), on a GPU or on tensor-parallel
+ranks; the kernels read the same bytes either way, so outputs are identical. The KV pool stays in 4 KiB
+pages (kv/pool.py: a first touch of a 2 MiB page inside a prefill would zero all of it).
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import mmap
 import os
+import threading
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -72,7 +76,9 @@ class Arena:
             raise ValueError(f"arena of {self.nbytes} bytes full ({self.used} used, {nbytes} asked)")
         start = self.skip + self.used
         view = self._raw[start : start + nbytes].view(t.dtype).view(t.shape)
-        view.copy_(t)
+        # One thread's memmove (the GIL released), not copy_: a copy on a background thread
+        # must not fork a team of intra-op threads beside the engine's.
+        ctypes.memmove(view.data_ptr(), t.contiguous().data_ptr(), nbytes)
         view.arena = self
         self.used += self.slot(nbytes)
         self.tensors += 1
@@ -108,8 +114,8 @@ def thp_setting(path: Path | None = None) -> str | None:
 
 def why_not(environ: Mapping[str, str] = os.environ, setting: str | None = None) -> str | None:
     """Why the matrices stay where they are, or None when they move."""
-    if environ.get(ENV_SWITCH, "0") != "1":
-        return f"{ENV_SWITCH} is not 1"
+    if environ.get(ENV_SWITCH, "1") == "0":
+        return f"{ENV_SWITCH}=0"
     if not hasattr(mmap, "MADV_HUGEPAGE"):
         return "no MADV_HUGEPAGE on this system"
     setting = setting if setting is not None else thp_setting()
@@ -127,7 +133,7 @@ def key(t: torch.Tensor) -> Key:
 
 def movable(weights: Iterable[LinearWeight]) -> list[tuple[LinearWeight, str, Key]]:
     """(weight, attribute, tensor key) of every CPU tensor of the packed weights, each weight
-    once. Keys, not tensors: `gather` frees each old tensor as it moves."""
+    once (the key finds a tensor two weights share)."""
     out, seen = [], set()
     for w in weights:
         if id(w) in seen or w.kind not in PACKED_TENSORS:
@@ -140,34 +146,116 @@ def movable(weights: Iterable[LinearWeight]) -> list[tuple[LinearWeight, str, Ke
     return out
 
 
-def gather(weights: Iterable[LinearWeight], environ: Mapping[str, str] = os.environ,
-           setting: str | None = None) -> Arena | None:  # fmt: skip
-    """Moves the packed weights' tensors into one huge-page arena, in place: afterwards each
-    weight's attributes are views of it (a tensor two weights share stays shared). Tensors
-    already in an arena (prepared_cache.read places them as it reads) stay. The arena the
-    weights are in, or None (logged) when they stay in 4 KiB pages."""
-    weights = list(weights)
+Assignment = tuple[LinearWeight, str, torch.Tensor]  # weight, attribute, its copy in the arena
+
+
+def copies(weights: Iterable[LinearWeight], environ: Mapping[str, str] = os.environ, setting: str | None = None,
+           headroom: int | None = None) -> tuple[Arena, list[Assignment]] | None:  # fmt: skip
+    """Copies of the packed weights' tensors in a new arena, the weights untouched (any
+    thread: it only reads them). A tensor two weights share gets one copy; tensors already
+    in an arena are left out. None (logged) when there is nothing to copy, huge pages are
+    off, or the arena would take more than half of `headroom` bytes."""
     plan = [(w, name, k) for w, name, k in movable(weights) if holder(getattr(w, name)) is None]
     if not plan:
-        held = {
-            id(a): a
-            for w in weights
-            for name in MOVED
-            if isinstance(t := getattr(w, name, None), torch.Tensor) and (a := holder(t)) is not None
-        }
-        return next(iter(held.values())) if len(held) == 1 else None
+        return None
     size = sum(Arena.slot(k[1]) for k in {k for _w, _name, k in plan})
-    started = time.monotonic()
+    if headroom is not None and 2 * size > headroom:
+        log.info("weights: kept in 4 KiB pages (moving %.0f MiB would take more than half of the %.0f MiB left)",
+                 size / 2**20, headroom / 2**20)  # fmt: skip
+        return None
     arena = open_arena(size, environ, setting)
     if arena is None:
         return None
-    # Old tensors are dropped as they move (no new CPU storage is made meanwhile, so a key's
-    # address still names the tensor it was taken from).
-    views: dict[Key, torch.Tensor] = {}
+    made: dict[Key, torch.Tensor] = {}
+    out = []
     for w, name, k in plan:
-        if k not in views:
-            views[k] = arena.place(getattr(w, name))
-        setattr(w, name, views[k])
-    log.info("weights: %d tensors, %.0f MiB, in huge pages (moved in %.2fs)", len(views), size / 2**20,
-             time.monotonic() - started)  # fmt: skip
-    return arena
+        if k not in made:
+            made[k] = arena.place(getattr(w, name))
+        out.append((w, name, made[k]))
+    return arena, out
+
+
+def apply(assignments: list[Assignment]) -> None:
+    """Points the weights at their copies (the stepping thread, between steps)."""
+    for w, name, copy in assignments:
+        setattr(w, name, copy)
+
+
+def gather(weights: Iterable[LinearWeight], environ: Mapping[str, str] = os.environ,
+           setting: str | None = None) -> Arena | None:  # fmt: skip
+    """`copies` and `apply` at once (one thread holds everything): the arena the weights now
+    live in, or None."""
+    made = copies(weights, environ, setting)
+    if made is None:
+        return None
+    apply(made[1])
+    return made[0]
+
+
+class WeightMove:
+    """A model's matrices copied into an arena by a background thread at idle priority,
+    swapped in by the stepping thread (`apply_if_done` at a step's start)."""
+
+    def __init__(self, model: Any, headroom: int | None, environ: Mapping[str, str] = os.environ) -> None:
+        self.model, self.headroom, self.environ = model, headroom, dict(environ)
+        self.applied = False
+        self._made: tuple[Arena, list[Assignment]] | None = None
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="weight-move", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def start(cls, model: Any, headroom: int | None, environ: Mapping[str, str] = os.environ) -> WeightMove | None:
+        """A move of `model`'s matrices, or None when there is nothing to move or it is off."""
+        if why_not(environ) is not None or not movable(model.matrices()):
+            return None
+        return cls(model, headroom, environ)
+
+    def _run(self) -> None:
+        try:
+            try:  # this thread only: on Linux pid 0 is the calling thread
+                os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+            except (AttributeError, OSError):
+                log.debug("weight-move: SCHED_IDLE unavailable; copying at normal priority")
+            started = time.monotonic()
+            self._made = copies(self.model.matrices(), self.environ, headroom=self.headroom)
+            if self._made is not None:
+                arena = self._made[0]
+                log.info("weights: %d tensors, %.0f MiB, copied into huge pages in %.2fs (in use from the next step)",
+                         arena.tensors, arena.used / 2**20, time.monotonic() - started)  # fmt: skip
+        except Exception:  # a failed move costs only its speed-up
+            log.exception("weights: moving them into huge pages failed; they stay where they are")
+            self._made = None
+        finally:
+            self._done.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Whether the copies are made (or the move gave up)."""
+        return self._done.wait(timeout)
+
+    @property
+    def finished(self) -> bool:
+        """Done with: applied, or nothing to apply."""
+        return self._done.is_set() and (self.applied or self._made is None)
+
+    def apply_if_done(self) -> bool:
+        """On the stepping thread: swaps the copies in once they are made (the weights'
+        attributes, the model's arena, a new native decode stack over the new tensors: it
+        holds raw pointers). True when it did, now."""
+        if self.applied or not self._done.is_set() or self._made is None:
+            return False
+        from preheat.engine.model import decode_stack  # the model package imports this module
+
+        arena, assignments = self._made
+        apply(assignments)
+        self.model.weight_arena = arena
+        stack = self.model.decode_stack
+        if stack is not None:
+            rebuilt = decode_stack.build(self.model)
+            if rebuilt is None:
+                self.model.decode_stack = None
+            else:
+                stack.native = rebuilt.native
+        self._made = (arena, [])  # the old tensors go with the last references to them
+        self.applied = True
+        return True

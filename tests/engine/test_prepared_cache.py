@@ -14,7 +14,7 @@ from safetensors.torch import save_file
 
 from preheat.engine import LLM, SamplingParams
 from preheat.engine.kernels import cpu_ext, linear
-from preheat.engine.model import prepared_cache, weight_arena
+from preheat.engine.model import prepared_cache
 
 pytestmark = pytest.mark.skipif(cpu_ext.load() is None, reason="the prepared forms are the CPU kernels'")
 
@@ -35,9 +35,7 @@ def serve(model_dir, cache, **kw):
 @pytest.mark.parametrize("kw", [dict(dtype="bfloat16"), dict(dtype="float32"), dict(dtype="float32", quantization="int8"),
                                 dict(dtype="float32", quantization="int8", int8_activation_bits=8)],
                          ids=["bf16", "f32", "int8", "int8-a8"])
-def test_a_restart_reads_the_packed_matrices_and_serves_the_same_tokens(tiny_qwen2_dir, tmp_path, kw, caplog,
-                                                                       monkeypatch):
-    monkeypatch.setenv("PREHEAT_HUGE_PAGES", "1")  # the first start moves them, the restart reads into them
+def test_a_restart_reads_the_packed_matrices_and_serves_the_same_tokens(tiny_qwen2_dir, tmp_path, kw, caplog):
     first, tokens = serve(tiny_qwen2_dir, tmp_path, **kw)  # qwen2: q/k/v biases, a tied LM head
     (entry,) = entries(tmp_path)
     kept = first.engine.model
@@ -55,11 +53,6 @@ def test_a_restart_reads_the_packed_matrices_and_serves_the_same_tokens(tiny_qwe
         for part, t in linear.stored(w).items():
             assert torch.equal(t, linear.stored(before)[part]), (name, part)
     assert second.engine.model.step_weight_bytes == kept.step_weight_bytes
-    if weight_arena.why_not() is None:  # read straight into the huge-page arena (weight_arena.py)
-        arena = second.engine.model.weight_arena
-        assert arena is not None and kept.weight_arena is not None
-        for w in prepared_cache.model_linears(second.engine.model).values():
-            assert all(weight_arena.holder(t) is arena for t in linear.stored(w).values())
 
 
 def test_another_dtype_or_quantization_is_another_entry_and_off_keeps_none(tiny_llama_dir, tmp_path):

@@ -1,7 +1,8 @@
 """The CPU kernels' matrices in one huge-page mapping (engine/model/weight_arena.py): every
 packed tensor moves, bytes and sharing kept, the mapping advised for 2 MiB pages; nothing
-moves unless asked for (PREHEAT_HUGE_PAGES=1) and where huge pages are off; what is already in an arena stays; a model serves the same
-tokens either way."""
+moves where huge pages are off, when memory is short or when the copy fails; what is
+already in an arena stays; an engine copies them in the background, swaps them in at a
+step's start and serves the same tokens."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 import torch
 
 from preheat.engine import LLM, SamplingParams
-from preheat.engine.kernels import cpu_ext
+from preheat.engine.kernels import cpu_ext, linear
 from preheat.engine.kernels.linear import LinearWeight
 from preheat.engine.model import weight_arena
 
@@ -59,13 +60,13 @@ def test_every_packed_tensor_moves_with_its_bytes_and_sharing():
     assert arena.base % weight_arena.HUGE_PAGE == 0
     if sys.platform.startswith("linux"):
         assert advised(arena.base)
-    # Already in an arena: a second gather moves nothing and names the same arena.
-    assert weight_arena.gather([a, b], environ=ON, setting="madvise") is arena
+    # Already in an arena: a second gather moves nothing.
+    packed = a.packed
+    assert weight_arena.gather([a, b], environ=ON, setting="madvise") is None and a.packed is packed
 
 
 @pytest.mark.parametrize("environ,setting,reason", [
-    ({"PREHEAT_HUGE_PAGES": "0"}, "madvise", "PREHEAT_HUGE_PAGES is not 1"),
-    ({}, "always", "PREHEAT_HUGE_PAGES is not 1"),  # off unless asked for (its cost at start)
+    ({"PREHEAT_HUGE_PAGES": "0"}, "madvise", "PREHEAT_HUGE_PAGES=0"),
     (ON, "never", "transparent huge pages are never"),
     (ON, None, "transparent huge pages are unavailable"),
 ])  # fmt: skip
@@ -76,6 +77,21 @@ def test_nothing_moves_where_huge_pages_are_off(environ, setting, reason, monkey
     assert weight_arena.why_not(environ, setting) == reason
     assert weight_arena.gather([w], environ=environ, setting=setting) is None
     assert w.packed is packed
+
+
+def test_on_by_default_where_the_kernel_offers_huge_pages():
+    assert weight_arena.why_not({}, "always") is None and weight_arena.why_not({}, "madvise") is None
+
+
+def test_no_move_that_would_take_more_than_half_the_memory_left():
+    w = int8_weight()
+    packed = w.packed
+    assert weight_arena.copies([w], environ=ON, setting="madvise", headroom=packed.numel()) is None
+    assert w.packed is packed
+    made = weight_arena.copies([w], environ=ON, setting="madvise", headroom=1 << 30)
+    assert made is not None and w.packed is packed  # copies only: the weight still has its own
+    weight_arena.apply(made[1])
+    assert weight_arena.holder(w.packed) is made[0] and torch.equal(w.packed, packed)
 
 
 def test_the_kernel_setting_is_the_bracketed_word(tmp_path):
@@ -94,20 +110,51 @@ def test_an_arena_refuses_more_than_it_holds():
         arena.place(torch.zeros(64, dtype=torch.uint8))
 
 
+class FakeModel:
+    def __init__(self, weights: list[LinearWeight]) -> None:
+        self.weights, self.weight_arena, self.decode_stack = weights, None, None
+
+    def matrices(self) -> list[LinearWeight]:
+        return self.weights
+
+
+def test_a_failed_copy_leaves_the_weights_where_they_are(monkeypatch, caplog):
+    def broken(*args, **kwargs):
+        raise MemoryError("no room")
+
+    monkeypatch.setattr(weight_arena, "copies", broken)
+    model = FakeModel([int8_weight()])
+    packed = model.weights[0].packed
+    move = weight_arena.WeightMove.start(model, None, environ=ON)
+    assert move is not None and move.wait(10)
+    assert not move.apply_if_done() and move.finished
+    assert model.weights[0].packed is packed and model.weight_arena is None
+    assert "moving them into huge pages failed" in caplog.text
+
+
 @pytest.mark.skipif(cpu_ext.load() is None, reason="packed matrices are the CPU kernels'")
-def test_a_model_serves_the_same_tokens_from_huge_pages(tiny_llama_dir, monkeypatch):
+def test_an_engine_swaps_its_matrices_in_at_a_step_and_serves_the_same_tokens(tiny_llama_dir, monkeypatch):
     prompts, params = [[5, 17, 300, 42, 9], list(range(100, 150))], SamplingParams(max_tokens=8, temperature=0)
-    runs = {}
-    for switch in ("0", "1"):
-        monkeypatch.setenv("PREHEAT_HUGE_PAGES", switch)
-        llm = LLM(model=str(tiny_llama_dir), weight_cache_dir="off", max_total_tokens=512, page_size=4)
-        model = llm.engine.model
-        runs[switch] = [r.token_ids for r in llm.generate(prompts, params)]
-        if switch == "0" or weight_arena.why_not() is not None:
-            assert model.weight_arena is None
-        else:  # every matrix a step multiplies by, the LM head too, in the one arena
-            assert model.weight_arena is not None
-            for w in model.matrices():
-                assert weight_arena.holder(w.packed) is model.weight_arena
-        del llm, model
-    assert runs["0"] == runs["1"]
+    monkeypatch.setenv("PREHEAT_HUGE_PAGES", "0")
+    llm = LLM(model=str(tiny_llama_dir), weight_cache_dir="off", max_total_tokens=512, page_size=4)
+    assert llm.engine.weight_move is None and llm.engine.model.weight_arena is None
+    expected = [r.token_ids for r in llm.generate(prompts, params)]
+    del llm
+    monkeypatch.setenv("PREHEAT_HUGE_PAGES", "1")
+    llm = LLM(model=str(tiny_llama_dir), weight_cache_dir="off", max_total_tokens=512, page_size=4)
+    model, move = llm.engine.model, llm.engine.weight_move
+    if weight_arena.why_not() is not None:  # this machine gives no huge pages: nothing moves
+        assert move is None
+        return
+    assert move is not None and move.wait(30)  # LLM(...) started it, as a server does once ready
+    assert model.weight_arena is None  # copied, not yet in use: only a step swaps them in
+    stack = model.decode_stack
+    old_native = stack.native if stack is not None else None
+    assert [r.token_ids for r in llm.generate(prompts, params)] == expected
+    assert move.applied and llm.engine.weight_move is None
+    assert model.weight_arena is not None
+    for w in model.matrices():  # every matrix a step multiplies by, the LM head too
+        assert all(weight_arena.holder(t) is model.weight_arena for t in linear.stored(w).values())
+    if stack is not None:  # the same stack object, its native one rebuilt over the new tensors
+        assert model.decode_stack is stack and stack.native is not old_native
+    assert [r.token_ids for r in llm.generate(prompts, params)] == expected

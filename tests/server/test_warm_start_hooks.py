@@ -58,6 +58,19 @@ async def test_steps_set_the_phase_and_ready_comes_last():
     await life.shutdown(1)
 
 
+async def test_work_that_only_speeds_serving_up_starts_once_ready():
+    """The move of the matrices into huge pages (Engine.start_weight_move) never shares the
+    cores with the start: it begins after the last step, with /ready already 200."""
+    fake = FakeEngine()
+    phases = []
+    aengine, life, _, _ = make([StartupStep("templates", "warming", lambda ae: phases.append(("step", ae.phase)))],
+                               engine=fake)  # fmt: skip
+    fake.start_weight_move = lambda: phases.append(("move", aengine.phase))
+    assert await life.start()
+    assert phases == [("step", "warming"), ("move", "ready")]
+    await life.shutdown(1)
+
+
 async def test_a_failing_step_never_turns_ready():
     def broken(ae):
         raise OSError("snapshot volume missing")
