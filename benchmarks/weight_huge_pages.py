@@ -34,7 +34,7 @@ def side(label: str, huge: bool, config: dict) -> EngineSide:
     finally:
         os.environ.pop("PREHEAT_HUGE_PAGES", None)
     move = s.engine.weight_move  # the background copy (weight_arena.WeightMove), swapped in at a step
-    if (move is not None and move.wait(120)) != huge:
+    if (move is not None and move.moving and move.wait(120)) != huge:
         raise SystemExit(f"{label}: weights {'not ' if huge else ''}moving into huge pages (THP off? memory short?)")
     return s
 

@@ -95,28 +95,20 @@ class Engine:
         )
         self.speculator = Speculator(config)
         self.spec_warmup_seconds = self.warm_speculation() if self.speculator.enabled else 0.0
-        # The CPU kernels' matrices copied into huge pages in the background once the engine
-        # serves (start_weight_move), swapped in at a step's start; None until then or when
-        # nothing moves (engine/model/weight_arena.py).
-        self.weight_move: weight_arena.WeightMove | None = None
-        self._weight_move_started = False
+        # The CPU kernels' matrices copied into huge pages on an idle-priority thread once the
+        # engine serves (weight_move.start(): after /ready in lifecycle.py, at the end of
+        # LLM(...); never on the way to ready), swapped in at a step's start. None on a GPU
+        # or a tensor-parallel engine (engine/model/weight_arena.py).
+        self.weight_move = (
+            weight_arena.WeightMove(self.model, lambda: available_memory_bytes(self.device))
+            if self.device.type == "cpu" and self.tp is None else None
+        )  # fmt: skip
 
     @property
     def sharding(self) -> dict[str, Any]:
         """How this engine is sharded, as a snapshot manifest records it. Snapshot KV holds
         every KV head whatever the sharding (see engine/distributed/kv.py)."""
         return {"tensor_parallel_size": self.tp.size if self.tp else 1, "kv_heads": "all"}
-
-    def start_weight_move(self) -> None:
-        """Starts copying the CPU kernels' matrices into huge pages on an idle-priority thread
-        (once; nothing on a GPU or a tensor-parallel engine, with PREHEAT_HUGE_PAGES=0 or
-        where the machine gives no huge pages). Called once the engine serves — after /ready
-        (lifecycle.py), at the end of LLM(...) — so a start never waits for it or shares its
-        cores with it; a later step swaps the copies in."""
-        if self._weight_move_started or self.device.type != "cpu" or self.tp is not None:
-            return
-        self._weight_move_started = True
-        self.weight_move = weight_arena.WeightMove.start(self.model, available_memory_bytes(self.device))
 
     def close(self) -> None:
         """Stops the tensor-parallel workers, if any (a single-rank engine holds nothing
@@ -196,9 +188,8 @@ class Engine:
 
     # --- the step: take the inbox -> schedule -> run -> postprocess ---------------------------
     def step(self) -> list[RequestOutput]:
-        if self.weight_move is not None and self.weight_move.wait(0):
+        if self.weight_move is not None:
             self.weight_move.apply_if_done()
-            self.weight_move = None
         outputs = self._take_inbox()
         started = time.perf_counter()
         batch = self.scheduler.schedule(self.speculator.propose(self.scheduler.running), outputs)

@@ -168,9 +168,9 @@ class Lifecycle:
         ae.set_phase("ready")
         log.info("ready in %.1fs", time.monotonic() - began)
         # Work that only speeds serving up starts now, not on the way to ready.
-        start_weight_move = getattr(ae.engine, "start_weight_move", None)
-        if start_weight_move is not None:
-            start_weight_move()
+        weight_move = getattr(ae.engine, "weight_move", None)
+        if weight_move is not None:
+            weight_move.start()
         return True
 
     async def _download(self) -> None:

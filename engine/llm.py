@@ -59,7 +59,8 @@ class LLM:
     ) -> None:
         kwargs.update(speculative_settings(speculative_config))
         self.engine = Engine(EngineConfig(model=model, dtype=dtype, page_size=page_size, **kwargs))
-        self.engine.start_weight_move()  # in the background; a later step swaps it in
+        if self.engine.weight_move is not None:
+            self.engine.weight_move.start()  # in the background; a later step swaps it in
 
     @property
     def tokenizer(self) -> Any:

@@ -13,7 +13,7 @@ Never on the way to /ready: done synchronously at load, the first touch of the n
 (0.3-0.36 s for the embedded model on this project's VM, whose hypervisor backs guest
 memory on first touch) took restarts with templates + snapshot from 3.46 s to 4.35 s to
 ready, past issue 27's 4 s. So the engine starts `WeightMove` once it serves
-(Engine.start_weight_move: after /ready, or at the end of LLM(...)): a thread at idle
+(`Engine.weight_move.start()`: after /ready, or at the end of LLM(...)): a thread at idle
 priority copies the matrices into an arena while the engine serves from the old ones, and
 the stepping thread swaps them in at the start of a step (`apply_if_done`: the weights'
 attributes and the decode stack's native object, which holds raw pointers), then the old
@@ -32,13 +32,14 @@ import mmap
 import os
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from preheat.engine.kernels.linear import PACKED_TENSORS, LinearWeight
+from preheat.engine.model import decode_stack
 
 log = logging.getLogger(__name__)
 
@@ -181,35 +182,30 @@ def apply(assignments: list[Assignment]) -> None:
         setattr(w, name, copy)
 
 
-def gather(weights: Iterable[LinearWeight], environ: Mapping[str, str] = os.environ,
-           setting: str | None = None) -> Arena | None:  # fmt: skip
-    """`copies` and `apply` at once (one thread holds everything): the arena the weights now
-    live in, or None."""
-    made = copies(weights, environ, setting)
-    if made is None:
-        return None
-    apply(made[1])
-    return made[0]
-
-
 class WeightMove:
-    """A model's matrices copied into an arena by a background thread at idle priority,
-    swapped in by the stepping thread (`apply_if_done` at a step's start)."""
+    """A model's matrices copied into an arena by a background thread at idle priority
+    (`start`, once the engine serves), swapped in by the stepping thread (`apply_if_done`
+    at a step's start). `headroom` tells the memory left when the copy begins."""
 
-    def __init__(self, model: Any, headroom: int | None, environ: Mapping[str, str] = os.environ) -> None:
-        self.model, self.headroom, self.environ = model, headroom, dict(environ)
+    def __init__(self, model: Any, headroom: Callable[[], int | None] = lambda: None,
+                 environ: Mapping[str, str] = os.environ) -> None:  # fmt: skip
+        self.model, self.headroom, self.environ = model, headroom, environ
+        self.moving = False  # a copy thread was started
         self.applied = False
         self._made: tuple[Arena, list[Assignment]] | None = None
         self._done = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="weight-move", daemon=True)
-        self._thread.start()
+        self._lock = threading.Lock()
 
-    @classmethod
-    def start(cls, model: Any, headroom: int | None, environ: Mapping[str, str] = os.environ) -> WeightMove | None:
-        """A move of `model`'s matrices, or None when there is nothing to move or it is off."""
-        if why_not(environ) is not None or not movable(model.matrices()):
-            return None
-        return cls(model, headroom, environ)
+    def start(self) -> None:
+        """Starts the copy (once; nothing when huge pages are off or nothing is packed)."""
+        with self._lock:
+            if self.moving or self._done.is_set():
+                return
+            if why_not(self.environ) is not None or not movable(self.model.matrices()):
+                self._done.set()
+                return
+            self.moving = True
+            threading.Thread(target=self._run, name="weight-move", daemon=True).start()
 
     def _run(self) -> None:
         try:
@@ -218,7 +214,7 @@ class WeightMove:
             except (AttributeError, OSError):
                 log.debug("weight-move: SCHED_IDLE unavailable; copying at normal priority")
             started = time.monotonic()
-            self._made = copies(self.model.matrices(), self.environ, headroom=self.headroom)
+            self._made = copies(self.model.matrices(), self.environ, headroom=self.headroom())
             if self._made is not None:
                 arena = self._made[0]
                 log.info("weights: %d tensors, %.0f MiB, copied into huge pages in %.2fs (in use from the next step)",
@@ -230,7 +226,7 @@ class WeightMove:
             self._done.set()
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Whether the copies are made (or the move gave up)."""
+        """Whether the move is done with copying (made, given up, or nothing to move)."""
         return self._done.wait(timeout)
 
     @property
@@ -244,8 +240,6 @@ class WeightMove:
         holds raw pointers). True when it did, now."""
         if self.applied or not self._done.is_set() or self._made is None:
             return False
-        from preheat.engine.model import decode_stack  # the model package imports this module
-
         arena, assignments = self._made
         apply(assignments)
         self.model.weight_arena = arena

@@ -48,7 +48,11 @@ def test_every_packed_tensor_moves_with_its_bytes_and_sharing():
     before = {(id(w), name): getattr(w, name).clone() for w in (a, b) for name in ("packed", "scales", "bias")
               if getattr(w, name) is not None}  # fmt: skip
     dense_weight = dense.weight
-    arena = weight_arena.gather([a, b, dense, a], environ=ON, setting="madvise")
+    made = weight_arena.copies([a, b, dense, a], environ=ON, setting="madvise")
+    assert made is not None
+    arena, assignments = made
+    assert weight_arena.holder(a.packed) is None  # copies only, until applied
+    weight_arena.apply(assignments)
     assert arena is not None and arena.tensors == 4  # a: packed, scales, bias; b: packed (its scales are a's)
     for (wid, name), old in before.items():
         w = a if wid == id(a) else b
@@ -60,9 +64,8 @@ def test_every_packed_tensor_moves_with_its_bytes_and_sharing():
     assert arena.base % weight_arena.HUGE_PAGE == 0
     if sys.platform.startswith("linux"):
         assert advised(arena.base)
-    # Already in an arena: a second gather moves nothing.
-    packed = a.packed
-    assert weight_arena.gather([a, b], environ=ON, setting="madvise") is None and a.packed is packed
+    # Already in an arena: nothing more to copy.
+    assert weight_arena.copies([a, b], environ=ON, setting="madvise") is None
 
 
 @pytest.mark.parametrize("environ,setting,reason", [
@@ -75,7 +78,7 @@ def test_nothing_moves_where_huge_pages_are_off(environ, setting, reason, monkey
     w = int8_weight()
     packed = w.packed
     assert weight_arena.why_not(environ, setting) == reason
-    assert weight_arena.gather([w], environ=environ, setting=setting) is None
+    assert weight_arena.copies([w], environ=environ, setting=setting) is None
     assert w.packed is packed
 
 
@@ -125,8 +128,9 @@ def test_a_failed_copy_leaves_the_weights_where_they_are(monkeypatch, caplog):
     monkeypatch.setattr(weight_arena, "copies", broken)
     model = FakeModel([int8_weight()])
     packed = model.weights[0].packed
-    move = weight_arena.WeightMove.start(model, None, environ=ON)
-    assert move is not None and move.wait(10)
+    move = weight_arena.WeightMove(model, environ=ON)
+    move.start()
+    assert move.moving and move.wait(10)
     assert not move.apply_if_done() and move.finished
     assert model.weights[0].packed is packed and model.weight_arena is None
     assert "moving them into huge pages failed" in caplog.text
@@ -137,21 +141,21 @@ def test_an_engine_swaps_its_matrices_in_at_a_step_and_serves_the_same_tokens(ti
     prompts, params = [[5, 17, 300, 42, 9], list(range(100, 150))], SamplingParams(max_tokens=8, temperature=0)
     monkeypatch.setenv("PREHEAT_HUGE_PAGES", "0")
     llm = LLM(model=str(tiny_llama_dir), weight_cache_dir="off", max_total_tokens=512, page_size=4)
-    assert llm.engine.weight_move is None and llm.engine.model.weight_arena is None
+    assert not llm.engine.weight_move.moving and llm.engine.model.weight_arena is None
     expected = [r.token_ids for r in llm.generate(prompts, params)]
     del llm
     monkeypatch.setenv("PREHEAT_HUGE_PAGES", "1")
     llm = LLM(model=str(tiny_llama_dir), weight_cache_dir="off", max_total_tokens=512, page_size=4)
     model, move = llm.engine.model, llm.engine.weight_move
     if weight_arena.why_not() is not None:  # this machine gives no huge pages: nothing moves
-        assert move is None
+        assert not move.moving
         return
-    assert move is not None and move.wait(30)  # LLM(...) started it, as a server does once ready
+    assert move.moving and move.wait(30)  # LLM(...) started it, as a server does once ready
     assert model.weight_arena is None  # copied, not yet in use: only a step swaps them in
     stack = model.decode_stack
     old_native = stack.native if stack is not None else None
     assert [r.token_ids for r in llm.generate(prompts, params)] == expected
-    assert move.applied and llm.engine.weight_move is None
+    assert move.applied
     assert model.weight_arena is not None
     for w in model.matrices():  # every matrix a step multiplies by, the LM head too
         assert all(weight_arena.holder(t) is model.weight_arena for t in linear.stored(w).values())

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from contextlib import aclosing
+from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -59,13 +60,13 @@ async def test_steps_set_the_phase_and_ready_comes_last():
 
 
 async def test_work_that_only_speeds_serving_up_starts_once_ready():
-    """The move of the matrices into huge pages (Engine.start_weight_move) never shares the
+    """The move of the matrices into huge pages (the engine's weight_move) never shares the
     cores with the start: it begins after the last step, with /ready already 200."""
     fake = FakeEngine()
     phases = []
     aengine, life, _, _ = make([StartupStep("templates", "warming", lambda ae: phases.append(("step", ae.phase)))],
                                engine=fake)  # fmt: skip
-    fake.start_weight_move = lambda: phases.append(("move", aengine.phase))
+    fake.weight_move = SimpleNamespace(start=lambda: phases.append(("move", aengine.phase)))
     assert await life.start()
     assert phases == [("step", "warming"), ("move", "ready")]
     await life.shutdown(1)
