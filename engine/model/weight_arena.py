@@ -6,8 +6,8 @@ the kernel streams it, ~25,000 of them a step for the embedded model's 98 MB. He
 packed matrix (the CPU kernels' kinds: codes, block scales, biases) goes into one anonymous
 mapping advised MADV_HUGEPAGE, so the kernel backs it with transparent huge pages: 2 MiB a
 TLB entry, ~50 for the same model. Measured (benchmarks/results/weight_huge_pages.md: same
-process, the two placements alternating): SmolLM2's 4-bit GGUF decode steps 0.95x the time
-at batch 1 and 8 on the Intel Xeon host, bf16 0.98-0.99x.
+process, the two placements alternating): SmolLM2's 4-bit GGUF decode steps 0.85-0.95x the
+time at batch 1 and 0.95-0.96x at 8 over three runs on the Intel Xeon host; bf16 0.97-1.01x.
 
 Never on the way to /ready: done synchronously at load, the first touch of the new memory
 (0.3-0.36 s for the embedded model on this project's VM, whose hypervisor backs guest
