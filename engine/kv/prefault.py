@@ -26,6 +26,8 @@ import threading
 import weakref
 from collections.abc import Callable
 
+from preheat.engine.idle_priority import lower_this_thread
+
 log = logging.getLogger(__name__)
 
 MADV_POPULATE_WRITE = 23  # linux/mman.h (5.14+); the mmap module of Python 3.11 lacks it
@@ -70,10 +72,7 @@ class Prefaulter:
         if madvise is None:
             self.failed = "no madvise"
             return
-        try:  # this thread only: on Linux pid 0 is the calling thread
-            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-        except (AttributeError, OSError):
-            log.debug("kv-prefault: SCHED_IDLE unavailable; populating at normal priority")
+        lower_this_thread("kv-prefault", "populating")
         per_call = max(1, SLICE_BYTES // max(1, self.planes * self.page_bytes))
         while self.done < self.stop:
             owner = self._owner()

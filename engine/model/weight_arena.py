@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 
+from preheat.engine.idle_priority import lower_this_thread
 from preheat.engine.kernels.linear import PACKED_TENSORS, LinearWeight
 from preheat.engine.model import decode_stack
 
@@ -209,10 +210,7 @@ class WeightMove:
 
     def _run(self) -> None:
         try:
-            try:  # this thread only: on Linux pid 0 is the calling thread
-                os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-            except (AttributeError, OSError):
-                log.debug("weight-move: SCHED_IDLE unavailable; copying at normal priority")
+            lower_this_thread("weight-move", "copying")
             started = time.monotonic()
             self._made = copies(self.model.matrices(), self.environ, headroom=self.headroom())
             if self._made is not None:
