@@ -158,12 +158,13 @@ void two_row_tiles(const GemmArgs& a, const char* w, int64_t nb_begin, int64_t n
   alignas(64) float acc[2][32][16];
   for (int64_t nb = nb_begin; nb < nb_end; nb += 2) {
     const int64_t nt = imin(2, nb_end - nb);
+    const char* wb = w + (nb - nb_begin) * K2 * 64;
     for (int64_t m = 0; m < M; m += group) {
       const int64_t m0 = imin(m, M - group);
       if (nt == 2)
-        pass_two_row_tiles<2>(a, m0, w + (nb - nb_begin) * K2 * 64, K2, acc);
+        pass_two_row_tiles<2>(a, m0, wb, K2, acc);
       else
-        pass_two_row_tiles<1>(a, m0, w + (nb - nb_begin) * K2 * 64, K2, acc);
+        pass_two_row_tiles<1>(a, m0, wb, K2, acc);
       store_blocks(a, &acc[0][0][0], 32, nb, nt, m0, group);
     }
   }
@@ -195,10 +196,11 @@ void amx_blocks(const GemmArgs& a, const char* w, int64_t nb_begin, int64_t nb_e
   alignas(64) float acc[NB][16][16];
   for (int64_t nb = nb_begin; nb < nb_end; nb += NB) {
     const int64_t nt = imin(NB, nb_end - nb);
+    const char* wb = w + (nb - nb_begin) * K2 * 64;  // block nb's weights
     switch (nt) {
-      case 3: pass<3>(a, w + (nb - nb_begin) * K2 * 64, K2, full, tail, acc); break;
-      case 2: pass<2>(a, w + (nb - nb_begin) * K2 * 64, K2, full, tail, acc); break;
-      default: pass<1>(a, w + (nb - nb_begin) * K2 * 64, K2, full, tail, acc); break;
+      case 3: pass<3>(a, wb, K2, full, tail, acc); break;
+      case 2: pass<2>(a, wb, K2, full, tail, acc); break;
+      default: pass<1>(a, wb, K2, full, tail, acc); break;
     }
     store_blocks(a, &acc[0][0][0], 16, nb, nt, 0, M);
   }
