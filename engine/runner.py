@@ -106,9 +106,12 @@ class ModelRunner:
             positions.extend(range(entry.start, entry.start + entry.length))
             slots.extend(entry_slots)
         dev = self.device
+        # Token ids, positions and slots as the rows of one tensor: one conversion from lists
+        # a step instead of three (each ~10-20 us with the caches cold after a step's weights).
+        ids_t, positions_t, slots_t = torch.tensor([ids, positions, slots], dtype=torch.int64, device=dev)
         meta = AttentionMetadata(
-            positions=torch.tensor(positions, dtype=torch.int64, device=dev),
-            slots=torch.tensor(slots, dtype=torch.int64, device=dev),
+            positions=positions_t,
+            slots=slots_t,
             num_decode=len(decode),
             decode_page_table=self._page_table([e.seq for e in decode]) if decode else None,
             decode_seq_lens=(
@@ -118,7 +121,7 @@ class ModelRunner:
             extend_prefix_lens=[e.start for e in extend],
             extend_lens=[e.length for e in extend],
         )
-        return torch.tensor(ids, dtype=torch.int64, device=dev), meta
+        return ids_t, meta
 
     def _decode_fn(self, inp: DecodeInputs) -> torch.Tensor:
         meta = AttentionMetadata(

@@ -10,6 +10,10 @@ packed products, a dense SiLU-gated MLP, no q/k norm, one rank — else None (th
 as before). `takes` decides per step: decode rows only, no padding, the rotary table kernel,
 a cache in the activations' dtype (not fp8), fewer rows than any product's dense-rows
 threshold. PREHEAT_DECODE_STACK=0 turns it off (to compare, or to step around it).
+
+Where the model's LM head is such a packed product too, the stack also runs the final norm
+and the head in the same call: the step's logits come back with its hidden states, and
+DecoderModel.logits hands them out for those very rows instead of multiplying again.
 """
 
 from __future__ import annotations
@@ -36,10 +40,14 @@ KINDS = {"bf16": 0, "f32": 1, "int8": 2}  # decode_stack.h's StackLinear::kind
 class DecodeStack:
     """The C++ stack of one model and what a step must satisfy to use it."""
 
-    def __init__(self, native: Any, dtype: torch.dtype, dense_from_rows: int | None) -> None:
+    def __init__(self, native: Any, dtype: torch.dtype, dense_from_rows: int | None,
+                 head_dense_from_rows: int | None = None) -> None:  # fmt: skip
         self.native = native
         self.dtype = dtype
         self.dense_from_rows = dense_from_rows  # the smallest threshold among the products
+        # Where the LM head multiplies through dense rows (its own threshold): from there the
+        # stack leaves the head to model.logits.
+        self.head_dense_from_rows = head_dense_from_rows
         # The pool the layer views below were taken from (held, so its identity cannot be reused).
         self._caches: tuple[Any, list[torch.Tensor], list[torch.Tensor]] | None = None
 
@@ -57,14 +65,20 @@ class DecodeStack:
             and meta.decode_page_table.dtype == torch.int32
         )
 
-    def forward(self, hidden: torch.Tensor, ctx: StepContext, kv_pool) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, ctx: StepContext, kv_pool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(the final norm's rows, the float32 logits) when the stack holds the
+        model's head (set_head, see build) and the rows are below its dense threshold; else
+        (the last layer's output, None), which the model normalizes itself."""
         meta = ctx.meta
         if self._caches is None or self._caches[0] is not kv_pool:
             n = self.native.num_layers
             self._caches = (kv_pool, [kv_pool.k(i) for i in range(n)], [kv_pool.v(i) for i in range(n)])
         _, ks, vs = self._caches
-        return self.native.forward(hidden, ctx.rope.table, ctx.rope.positions, meta.slots, ks, vs,
-                                   meta.decode_page_table, meta.decode_seq_lens.to(torch.int32))  # fmt: skip
+        args = (hidden, ctx.rope.table, ctx.rope.positions, meta.slots, ks, vs, meta.decode_page_table,
+                meta.decode_seq_lens.to(torch.int32))  # fmt: skip
+        if self.native.has_head and (self.head_dense_from_rows is None or ctx.rows < self.head_dense_from_rows):
+            return self.native.forward_logits(*args)
+        return self.native.forward(*args), None
 
 
 def _linear_spec(w: LinearWeight) -> tuple | None:
@@ -113,4 +127,10 @@ def build(model: DecoderModel) -> DecodeStack | None:
     native = kernels.decode_stack([layer.input_norm.contiguous() for layer in model.layers],
                                   [layer.post_norm.contiguous() for layer in model.layers], linears,
                                   first.eps, heads, kv_heads, head_dim, first.attn.scale)  # fmt: skip
-    return DecodeStack(native, dtype, min(thresholds) if thresholds else None)
+    head = model.lm_head
+    head_spec = _linear_spec(head) if isinstance(head, LinearWeight) else None
+    head_from_rows = None
+    if head_spec is not None and head.kernels is kernels and model.norm.dtype == dtype and model.norm.dim() == 1:
+        native.set_head(model.norm.contiguous(), head_spec, model.spec.rms_norm_eps)
+        head_from_rows = head.dense_from_rows
+    return DecodeStack(native, dtype, min(thresholds) if thresholds else None, head_from_rows)

@@ -33,6 +33,11 @@ __all__ = ["AttentionMetadata", "DecoderLayer", "DecoderModel", "Reduce", "padde
 Reduce = Callable[[torch.Tensor], torch.Tensor]
 
 
+def _same_rows(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether b is a's rows as they are: the same storage, offset, shape and strides."""
+    return a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride() and a.dtype == b.dtype
+
+
 def padded_rows(n: int) -> int:
     """Row count the CPU matmuls run at. oneDNN builds (and caches) a kernel per matrix shape,
     and building one costs ~2-5 ms per weight shape: with mixed batches every step would
@@ -109,6 +114,8 @@ class DecoderModel:
         self.weight_arena: weight_arena.Arena | None = None
         # Decode steps' layers in one call into the CPU kernels, where every layer allows it.
         self.decode_stack = decode_stack.build(self)
+        # (normed rows, logits) of the last forward when the stack ran the head (see logits).
+        self._step_logits: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def matrices(self) -> list[LinearWeight]:
         """Every prepared matrix a step multiplies by: the layers' (attention's and the MLP's
@@ -146,14 +153,24 @@ class DecoderModel:
                 else None
             ),
         )
+        self._step_logits = None
         if self.decode_stack is not None and self.decode_stack.takes(ctx, h, kv_pool):
-            h = self.decode_stack.forward(h, ctx, kv_pool)
+            h, logits = self.decode_stack.forward(h, ctx, kv_pool)
+            if logits is not None:  # the stack ran the final norm and the head as well
+                self._step_logits = (h, logits)
+                return h
         else:
             for index, layer in enumerate(self.layers):
                 h = layer.forward(h, ctx, kv_pool.k(index), kv_pool.v(index))
         return kernels.rms_norm(h[:rows], self.norm, self.spec.rms_norm_eps)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        # The decode stack's logits of the last forward, once, when asked for the very rows it
+        # returned (same storage and shape); the sampler's retry after a failed batch asks
+        # again and gets fresh ones, as it must (sampling changes them in place).
+        step, self._step_logits = self._step_logits, None
+        if step is not None and _same_rows(step[0], hidden):
+            return step[1]
         rows = hidden.shape[0]
         pad = padded_rows(rows) - rows if self.pad_rows else 0
         if pad:

@@ -34,6 +34,7 @@ def qwen3(tmp_path_factory, smollm_tokenizer):  # q/k norms: not stacked
 
 
 PROMPTS = [list(range(300, 340)), list(range(1000, 1077)), list(range(2000, 2013))]
+seen_logits: list[torch.Tensor] = []  # every step's logits in the last decode_hiddens run
 
 
 def decode_hiddens(monkeypatch, model_dir, stacked: bool, **config) -> tuple[list[torch.Tensor], int, bool]:
@@ -43,6 +44,7 @@ def decode_hiddens(monkeypatch, model_dir, stacked: bool, **config) -> tuple[lis
     llm = LLM(model=str(model_dir), max_total_tokens=4096, page_size=16, **config)
     model = llm.engine.model
     seen: list[torch.Tensor] = []
+    seen_logits.clear()
     stack_calls = [0]
     forward = model.forward
 
@@ -53,6 +55,14 @@ def decode_hiddens(monkeypatch, model_dir, stacked: bool, **config) -> tuple[lis
         return out
 
     model.forward = recording
+    logits = model.logits
+
+    def recording_logits(hidden):
+        out = logits(hidden)
+        seen_logits.append(out.clone())
+        return out
+
+    model.logits = recording_logits
     if model.decode_stack is not None:
         native_forward = model.decode_stack.forward
 
@@ -76,12 +86,44 @@ def decode_hiddens(monkeypatch, model_dir, stacked: bool, **config) -> tuple[lis
 )
 def test_the_stack_gives_the_same_bits_as_the_layers(monkeypatch, llama_hd64, config):
     stacked, calls, built = decode_hiddens(monkeypatch, llama_hd64, True, **config)
+    stacked_logits = list(seen_logits)
     plain, plain_calls, plain_built = decode_hiddens(monkeypatch, llama_hd64, False, **config)
     assert built and not plain_built and plain_calls == 0
     assert calls == len(stacked) >= 11  # every decode-only step went through it
     assert len(stacked) == len(plain)
     for a, b in zip(stacked, plain, strict=True):
         assert torch.equal(a, b)
+    # The stack ran the final norm and the LM head too: the same logits as the head's call.
+    assert len(stacked_logits) == len(seen_logits) > len(stacked)
+    for a, b in zip(stacked_logits, seen_logits, strict=True):
+        assert a.dtype == b.dtype == torch.float32 and torch.equal(a, b)
+
+
+def test_the_logits_of_a_stacked_step_are_handed_out_once(monkeypatch, llama_hd64):
+    """DecoderModel.logits gives the stack's logits for the very rows the forward returned,
+    once: asked again (the sampler's retry) or for other rows, it multiplies afresh."""
+    monkeypatch.setenv(decode_stack.ENV_SWITCH, "1")
+    llm = LLM(model=str(llama_hd64), max_total_tokens=4096, page_size=16, dtype="bfloat16", quantization="int8")
+    model = llm.engine.model
+    heads = [0]
+    apply_linear = model.backend.apply_linear
+
+    def counting(x, w, residual=None):
+        if w is model.lm_head:
+            heads[0] += 1
+        return apply_linear(x, w, residual)
+
+    model.backend.apply_linear = counting
+    llm.generate(PROMPTS[:1], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
+    assert heads[0] == 1  # the prompt's step; its three decode steps took the stack's logits
+    hidden = torch.randn(2, 256).to(torch.bfloat16)
+    model._step_logits = (hidden, torch.zeros(2, 7))
+    assert model.logits(hidden[:1]).shape[1] == llm.engine.model_config.vocab_size  # other rows: the head
+    assert heads[0] == 2 and model._step_logits is None
+    model._step_logits = (hidden, torch.ones(2, 7))
+    assert torch.equal(model.logits(hidden), torch.ones(2, 7))  # the same rows: handed out
+    assert model.logits(hidden).shape[1] == llm.engine.model_config.vocab_size  # then multiplied afresh
+    assert heads[0] == 3
 
 
 def test_biases_ride_along(monkeypatch, qwen2):
@@ -121,22 +163,25 @@ def test_one_parallel_region_gives_the_bits_of_one_call_at_a_time(monkeypatch, l
     """forward runs the step's layers in one parallel region (forward_team, the threads
     meeting at a barrier between phases); forward_calls one entry point after another. With
     1, 2 or 3 threads (more threads than this machine's cores included) both give the same
-    hidden states and write the same K/V."""
+    hidden states and write the same K/V; with the final norm and the LM head as the region's
+    last phases (forward_logits), the same normed rows and logits as rms_norm and the head's
+    product called after the layers (forward_logits_calls)."""
     if config.get("int8_activation_bits") == 8 and 8 not in kernels.int8_activation_bits_choices:
         pytest.skip("8-bit activation codes need the AVX-512 VNNI build")  # the AVX2 build runs 16 only
     monkeypatch.setenv(decode_stack.ENV_SWITCH, "1")
     llm = LLM(model=str(llama_hd64), max_total_tokens=4096, page_size=16, **config)
     stack = llm.engine.model.decode_stack
-    assert stack is not None
+    assert stack is not None and stack.native.has_head
     native, captured = stack.native, []
 
     class Recorder:
         num_layers = native.num_layers
+        has_head = True
 
-        def forward(self, *args):
+        def forward_logits(self, *args):
             if len(captured) < 3:
                 captured.append(args)
-            return native.forward(*args)
+            return native.forward_logits(*args)
 
     stack.native = Recorder()
     llm.generate(PROMPTS, SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))
@@ -153,6 +198,10 @@ def test_one_parallel_region_gives_the_bits_of_one_call_at_a_time(monkeypatch, l
                 together = native.forward(*args)
                 assert together.shape == (rows, args[0].shape[1])
                 assert torch.equal(together, one_at_a_time), f"{n} threads"
+                normed_calls, logits_calls = native.forward_logits_calls(*args)
+                normed, logits = native.forward_logits(*args)
+                assert logits.shape == (rows, llm.engine.model_config.vocab_size)
+                assert torch.equal(normed, normed_calls) and torch.equal(logits, logits_calls), f"{n} threads"
                 assert all(torch.equal(c, d) for c, d in zip(caches, args[4] + args[5], strict=True))
     finally:
         torch.set_num_threads(threads)

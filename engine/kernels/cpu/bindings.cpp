@@ -695,6 +695,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            pybind11::arg("h"), pybind11::arg("cos_sin"), pybind11::arg("positions"), pybind11::arg("slots"),
            pybind11::arg("k_caches"), pybind11::arg("v_caches"), pybind11::arg("page_table"), pybind11::arg("seq_lens"),
            "the layers one entry point at a time, each its own parallel region (what forward does on one thread)")
+      .def("set_head", &preheat::DecodeStack::set_head, pybind11::arg("final_norm"), pybind11::arg("head"),
+           pybind11::arg("eps"), "the final norm and the LM head (kind, packed, scales, bias, n, activation_bits)")
+      .def_property_readonly("has_head", &preheat::DecodeStack::has_head)
+      .def("forward_logits", &preheat::DecodeStack::forward_logits, pybind11::call_guard<pybind11::gil_scoped_release>(),
+           pybind11::arg("h"), pybind11::arg("cos_sin"), pybind11::arg("positions"), pybind11::arg("slots"),
+           pybind11::arg("k_caches"), pybind11::arg("v_caches"), pybind11::arg("page_table"), pybind11::arg("seq_lens"),
+           "forward, the final norm and the LM head: (normed hidden, float32 logits)")
+      .def("forward_logits_calls", &preheat::DecodeStack::forward_logits_calls,
+           pybind11::call_guard<pybind11::gil_scoped_release>(), pybind11::arg("h"), pybind11::arg("cos_sin"),
+           pybind11::arg("positions"), pybind11::arg("slots"), pybind11::arg("k_caches"), pybind11::arg("v_caches"),
+           pybind11::arg("page_table"), pybind11::arg("seq_lens"),
+           "forward_calls, then rms_norm and the head's product, each its own call")
       .def_property_readonly("num_layers", &preheat::DecodeStack::num_layers);
   preheat::amx_bf16_on = preheat::amx_bf16_usable();
   for (const preheat::KernelSet* k : preheat::SETS) {

@@ -133,7 +133,51 @@ class DecodeStack {
                      const at::Tensor& seq_lens) const {
     if (at::get_num_threads() < 2 || at::in_parallel_region() || !uniform_)
       return forward_calls(h, cos_sin, positions, slots, k_caches, v_caches, page_table, seq_lens);
-    return forward_team(h.contiguous(), cos_sin, positions, slots, k_caches, v_caches, page_table, seq_lens);
+    return forward_team(h.contiguous(), cos_sin, positions, slots, k_caches, v_caches, page_table, seq_lens, nullptr);
+  }
+
+  // The final norm and the LM head (set_head), run after the layers as the step's last
+  // phases: a decode step streams the head's weights on from the last layer's, in the same
+  // parallel region, instead of returning to Python and starting a region of its own for
+  // them (at batch 1 on SmolLM2 4-bit the head is ~30% of a step's bytes).
+  void set_head(const at::Tensor& final_norm, const LinearSpec& head, double eps) {
+    const auto& [kind, packed, scales, bias, n, bits] = head;
+    TORCH_CHECK(kind >= 0 && kind <= 2 && (kind != 2 || scales.has_value()), "decode stack: bad head kind");
+    TORCH_CHECK(final_norm.dim() == 1 && final_norm.is_contiguous(), "decode stack: the final norm must be [hidden]");
+    final_norm_ = final_norm;
+    head_ = StackLinear{kind, packed, scales, bias, n, bits};
+    head_eps_ = eps;
+    has_head_ = true;
+  }
+  bool has_head() const { return has_head_; }
+
+  // forward, then the final norm and the LM head: (normed [rows, hidden], logits [rows, vocab]
+  // float32), the bits of rms_norm and the head's product (widened to float32) called after
+  // forward.
+  std::tuple<at::Tensor, at::Tensor> forward_logits(const at::Tensor& h, const at::Tensor& cos_sin,
+                                                    const at::Tensor& positions, const at::Tensor& slots,
+                                                    const std::vector<at::Tensor>& k_caches,
+                                                    const std::vector<at::Tensor>& v_caches,
+                                                    const at::Tensor& page_table, const at::Tensor& seq_lens) const {
+    TORCH_CHECK(has_head_, "decode stack: no head set (set_head)");
+    if (at::get_num_threads() < 2 || at::in_parallel_region() || !uniform_ || h.size(0) == 0 || layers_.empty())
+      return forward_logits_calls(h, cos_sin, positions, slots, k_caches, v_caches, page_table, seq_lens);
+    Head out;
+    forward_team(h.contiguous(), cos_sin, positions, slots, k_caches, v_caches, page_table, seq_lens, &out);
+    return {out.normed, out.logits};
+  }
+
+  std::tuple<at::Tensor, at::Tensor> forward_logits_calls(const at::Tensor& h, const at::Tensor& cos_sin,
+                                                          const at::Tensor& positions, const at::Tensor& slots,
+                                                          const std::vector<at::Tensor>& k_caches,
+                                                          const std::vector<at::Tensor>& v_caches,
+                                                          const at::Tensor& page_table,
+                                                          const at::Tensor& seq_lens) const {
+    TORCH_CHECK(has_head_, "decode stack: no head set (set_head)");
+    auto normed = rms_norm(*k_, forward_calls(h, cos_sin, positions, slots, k_caches, v_caches, page_table, seq_lens),
+                           final_norm_, head_eps_);
+    auto logits = head_.apply(*k_, normed, c10::nullopt).to(at::kFloat);
+    return {normed, logits};
   }
 
   // The layers one entry point at a time, each its own parallel region: what the layers'
@@ -162,10 +206,30 @@ class DecodeStack {
   // thread sat idle through ~a third of the step while the first allocated outputs, checked
   // arguments and ran the one-row kernels (perf, SmolLM2 4-bit). Buffers are allocated and
   // arguments checked once, before the region.
+  // What forward_team writes for the head: the final norm's rows, the head's product (in the
+  // activations' dtype) and the logits (float32, as DecoderModel.logits hands them out).
+  struct Head {
+    at::Tensor normed, product, logits;
+  };
+
+  // Thread t's columns of the head's bf16 product (the blocks its share of the product
+  // computed, so no barrier) into float32 logits: the bits of .to(float32), in the team
+  // rather than a call of its own from Python (~0.1 ms at batch 1 with cold caches).
+  static void widen_columns(const at::Tensor& product, const at::Tensor& logits, int t, int nt) {
+    const int64_t rows = product.size(0), n = product.size(1);
+    const auto [b, e] = share_of((n + 15) / 16, 4, t, nt);
+    const int64_t c0 = b * 16, c1 = std::min<int64_t>(e * 16, n);
+    const uint16_t* src = (const uint16_t*)product.data_ptr();
+    uint32_t* dst = (uint32_t*)logits.data_ptr();  // float32 bit patterns
+    for (int64_t m = 0; m < rows; ++m)
+      for (int64_t c = c0; c < c1; ++c) dst[m * n + c] = (uint32_t)src[m * n + c] << 16;
+  }
+
+  // `head`: when given, the final norm and the LM head as two more phases (set_head).
   at::Tensor forward_team(const at::Tensor& h, const at::Tensor& cos_sin, const at::Tensor& positions,
                           const at::Tensor& slots, const std::vector<at::Tensor>& k_caches,
                           const std::vector<at::Tensor>& v_caches, const at::Tensor& page_table,
-                          const at::Tensor& seq_lens) const {
+                          const at::Tensor& seq_lens, Head* head) const {
     const int64_t L = (int64_t)layers_.size();
     TORCH_CHECK(k_caches.size() == layers_.size() && v_caches.size() == layers_.size(),
                 "decode stack: one K and one V cache per layer");
@@ -216,6 +280,17 @@ class DecodeStack {
       products[4 * i + 1] = team_product(k, l.o, att.data_ptr(), HD, rows, resid, mid.data_ptr(), h, xq, xs, xsum);
       products[4 * i + 2] = team_product(k, l.gate_up, xn.data_ptr(), hidden, rows, nullptr, gu.data_ptr(), h, xq, xs, xsum);
       products[4 * i + 3] = team_product(k, l.down, act.data_ptr(), inter, rows, mid.data_ptr(), out.data_ptr(), h, xq, xs, xsum);
+    }
+    TeamProduct head_product;
+    if (head != nullptr) {
+      TORCH_CHECK(final_norm_.numel() == hidden && final_norm_.scalar_type() == h.scalar_type(),
+                  "rms_norm: x [M, n] and weight [n] of one dtype expected");
+      head->normed = at::empty({rows, hidden}, opts);
+      head->logits = at::empty({rows, head_.n}, opts.dtype(at::kFloat));
+      // bf16 rows: the head's product in bf16 (as its own call gives), then widened.
+      head->product = dt == 1 ? at::empty({rows, head_.n}, opts) : head->logits;
+      head_product = team_product(k, head_, head->normed.data_ptr(), hidden, rows, nullptr, head->product.data_ptr(), h,
+                                  xq, xs, xsum);
     }
     RopeKVArgs rope{qkv.data_ptr(), QKV, H_, KVH_, D_, cos_sin.data_ptr(), p, s, q.data_ptr(), nullptr, nullptr, dt};
     DecodeAttnArgs attn = plan.a;
@@ -276,6 +351,14 @@ class DecodeStack {
         pr[3].run(t, nt);
         sync();
       }
+      if (head != nullptr) {
+        k.rms_norm_rows(out.data_ptr(), hidden, final_norm_.data_ptr(), head->normed.data_ptr(), hidden, hidden,
+                        (float)head_eps_, dt, r0, r1);
+        head_product.quantize(k, head->normed.data_ptr(), hidden, dt, r0, r1);
+        sync();
+        head_product.run(t, nt);
+        if (dt == 1) widen_columns(head->product, head->logits, t, nt);
+      }
     }
     return out;
   }
@@ -286,6 +369,10 @@ class DecodeStack {
   const KernelSet* k_;
   std::vector<StackLayer> layers_;
   bool uniform_ = true;  // every layer's products the same shapes (forward_team's buffers fit all)
+  bool has_head_ = false;
+  at::Tensor final_norm_;
+  StackLinear head_{};
+  double head_eps_ = 0.0;
   double eps_;
   int64_t H_, KVH_, D_;
   double scale_;
