@@ -200,12 +200,6 @@ class DecodeStack {
     return h;
   }
 
-  // The same kernels with the same arguments and splits, but the threads stay in one
-  // parallel region for the whole step and meet at a barrier between phases (step_team.h):
-  // a region per call cost a fork and a join five times a layer, and at batch 1 the second
-  // thread sat idle through ~a third of the step while the first allocated outputs, checked
-  // arguments and ran the one-row kernels (perf, SmolLM2 4-bit). Buffers are allocated and
-  // arguments checked once, before the region.
   // What forward_team writes for the head: the final norm's rows, the head's product (in the
   // activations' dtype) and the logits (float32, as DecoderModel.logits hands them out).
   struct Head {
@@ -225,6 +219,12 @@ class DecodeStack {
       for (int64_t c = c0; c < c1; ++c) dst[m * n + c] = (uint32_t)src[m * n + c] << 16;
   }
 
+  // The same kernels with the same arguments and splits, but the threads stay in one
+  // parallel region for the whole step and meet at a barrier between phases (step_team.h):
+  // a region per call cost a fork and a join five times a layer, and at batch 1 the second
+  // thread sat idle through ~a third of the step while the first allocated outputs, checked
+  // arguments and ran the one-row kernels (perf, SmolLM2 4-bit). Buffers are allocated and
+  // arguments checked once, before the region.
   // `head`: when given, the final norm and the LM head as two more phases (set_head).
   at::Tensor forward_team(const at::Tensor& h, const at::Tensor& cos_sin, const at::Tensor& positions,
                           const at::Tensor& slots, const std::vector<at::Tensor>& k_caches,
