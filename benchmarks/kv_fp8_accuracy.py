@@ -60,7 +60,7 @@ def all_logits(llm: LLM, ids: list[int]) -> torch.Tensor:
     ps = e.pool.page_size
     pages = e.kv.alloc(-(-len(ids) // ps))
     try:
-        seq = SimpleNamespace(all_token_ids=ids, pages=pages)
+        seq = SimpleNamespace(token_ids=lambda start, end: ids[start:end], pages=pages)
         input_ids, meta = e.runner.prepare([], [BatchEntry(seq, 0, len(ids), False)])
         with torch.inference_mode():
             hidden = e.model.forward(input_ids, meta, e.pool)

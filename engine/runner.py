@@ -92,11 +92,12 @@ class ModelRunner:
         slots: list[int] = []
         for entry in decode + extend:
             try:
-                tokens = entry.seq.all_token_ids
+                end = entry.start + entry.length
                 if entry.draft:
-                    tokens = tokens + entry.draft
+                    entry_ids = (entry.seq.all_token_ids + entry.draft)[entry.start : end]
+                else:
+                    entry_ids = entry.seq.token_ids(entry.start, end)
                 pages = entry.seq.pages
-                entry_ids = tokens[entry.start : entry.start + entry.length]
                 entry_slots = [pages[pos // ps] * ps + pos % ps for pos in range(entry.start, entry.start + entry.length)]
                 if len(entry_ids) != entry.length:
                     raise IndexError(f"{entry.length} tokens from {entry.start} asked, {len(entry_ids)} known")
@@ -289,7 +290,7 @@ def run_prompt(model: DecoderModel, device: torch.device, pool: KVPool, token_id
     """Computes a prompt's KV (every token, from position 0) into `pool` at `pages`; nothing
     is sampled. fp8 KV calibration (engine/kv/fp8_calibration.py) is handed it as a callable,
     so engine/kv does not import the runner."""
-    seq = SimpleNamespace(all_token_ids=token_ids, pages=pages)
+    seq = SimpleNamespace(token_ids=lambda start, end: token_ids[start:end], pages=pages)
     input_ids, meta = ModelRunner(model, pool, device, None).prepare([], [BatchEntry(seq, 0, len(token_ids), False)])
     with torch.inference_mode():
         model.forward(input_ids, meta, pool)
