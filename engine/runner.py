@@ -93,18 +93,20 @@ class ModelRunner:
         for entry in decode + extend:
             try:
                 end = entry.start + entry.length
-                if entry.draft:
-                    entry_ids = (entry.seq.all_token_ids + entry.draft)[entry.start : end]
+                if entry.draft:  # the draft's tokens follow the sequence's known ones
+                    known = entry.seq.num_tokens
+                    entry_ids = (entry.seq.token_ids(entry.start, min(end, known))
+                                 + entry.draft[max(0, entry.start - known) : max(0, end - known)])  # fmt: skip
                 else:
                     entry_ids = entry.seq.token_ids(entry.start, end)
                 pages = entry.seq.pages
-                entry_slots = [pages[pos // ps] * ps + pos % ps for pos in range(entry.start, entry.start + entry.length)]
+                entry_slots = [pages[pos // ps] * ps + pos % ps for pos in range(entry.start, end)]
                 if len(entry_ids) != entry.length:
                     raise IndexError(f"{entry.length} tokens from {entry.start} asked, {len(entry_ids)} known")
             except Exception as exc:
                 raise EntryFailed(entry, exc) from exc
             ids.extend(entry_ids)
-            positions.extend(range(entry.start, entry.start + entry.length))
+            positions.extend(range(entry.start, end))
             slots.extend(entry_slots)
         dev = self.device
         # Token ids, positions and slots as the rows of one tensor: one conversion from lists

@@ -123,6 +123,10 @@ class DecodeStack {
                  l.gate_up.n == layers_[0].gate_up.n && l.down.n == layers_[0].down.n;
   }
 
+  // Whether a step runs in one parallel region (forward_team): two threads or more, not
+  // already inside a region, every layer's products the same shapes (one set of buffers).
+  bool in_one_region() const { return at::get_num_threads() >= 2 && !at::in_parallel_region() && uniform_; }
+
   // h [rows, hidden] (the embedded tokens) -> the last layer's output, before the final norm.
   // With two threads or more, one parallel region runs every layer (forward_team); else, or
   // when the layers' products differ in shape (forward_team shares one set of buffers), one
@@ -131,7 +135,7 @@ class DecodeStack {
                      const at::Tensor& slots, const std::vector<at::Tensor>& k_caches,
                      const std::vector<at::Tensor>& v_caches, const at::Tensor& page_table,
                      const at::Tensor& seq_lens) const {
-    if (at::get_num_threads() < 2 || at::in_parallel_region() || !uniform_)
+    if (!in_one_region())
       return forward_calls(h, cos_sin, positions, slots, k_caches, v_caches, page_table, seq_lens);
     return forward_team(h.contiguous(), cos_sin, positions, slots, k_caches, v_caches, page_table, seq_lens, nullptr);
   }
@@ -160,7 +164,7 @@ class DecodeStack {
                                                     const std::vector<at::Tensor>& v_caches,
                                                     const at::Tensor& page_table, const at::Tensor& seq_lens) const {
     TORCH_CHECK(has_head_, "decode stack: no head set (set_head)");
-    if (at::get_num_threads() < 2 || at::in_parallel_region() || !uniform_ || h.size(0) == 0 || layers_.empty())
+    if (!in_one_region() || h.size(0) == 0 || layers_.empty())  // forward_team returns those before the head
       return forward_logits_calls(h, cos_sin, positions, slots, k_caches, v_caches, page_table, seq_lens);
     Head out;
     forward_team(h.contiguous(), cos_sin, positions, slots, k_caches, v_caches, page_table, seq_lens, &out);
