@@ -61,10 +61,15 @@ void gemm_bf16_blocks(const GemmArgs& a, int64_t nb_begin, int64_t nb_end) {
   if (amx_bf16_takes(a)) return gemm_bf16_amx_blocks(a, nb_begin, nb_end);
   const uint16_t* w = (const uint16_t*)a.w;
   const int64_t block = a.K / 2 * 32;  // bf16 values per column block
-  // Up to 2 tiles of rows the products take less time than their weights' bytes and the
-  // hardware's prefetchers keep the long streams of bf16 pairs coming: fetching the next
-  // group as well measured 1.1x slower at 1 row, no faster at 8, 0.7-0.8x the time at 16.
-  const bool fetch_next = bf16_row_tiles(a) >= 3;
+  // One tile of rows (up to MT_BF16) streams the weights once and the hardware's prefetchers
+  // keep the long streams of bf16 pairs coming: fetching the next group as well measured
+  // 1.1x slower at 1 row (Xeon). From two tiles the second re-reads the group from L2 while
+  // the memory idles: fetching the next group meanwhile measured 0.7-0.8x the time at 16 rows
+  // (Xeon); at 8 rows (two tiles of 4) no faster on the Xeon, on the AMD EPYC host (Zen 4,
+  // 2026-12-07) 0.78-0.88x the time of SmolLM2's gate_up and qkv products, 0.91-1.02x its down
+  // (30 copies cycled so the weights come from memory, builds alternating in one process), and
+  // whole bf16 decode steps at batch 8 0.856x (benchmarks/results/bf16_fetch_next_steps.md).
+  const bool fetch_next = bf16_row_tiles(a) >= 2;
   const int64_t steps = bf16_rows_steps(a);
   for (int64_t nb = nb_begin; nb < nb_end; nb += NT_BF16) {
     const int64_t next = fetch_next ? imin(NT_BF16, nb_end - nb - NT_BF16) : 0;  // blocks in the next group
