@@ -29,14 +29,33 @@ import torch
 
 
 def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str:
-    """The CPU's model name as the kernel reports it (a VM's may be generic), for result headers:
-    the same benchmark moves with the host (vdpbf16ps, AMX, memory rate)."""
+    """The CPU's model name as the kernel reports it, for result headers: the same benchmark
+    moves with the host (vdpbf16ps, AMX, memory rate). A VM's name may be generic ("AMD
+    EPYC"), so the core is named from the family and flags where they tell it (see `core_of`)."""
+    fields: dict[str, str] = {}
     with contextlib.suppress(OSError):
         with open(cpuinfo) as f:
             for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    return "unknown CPU"
+                if not line.strip():
+                    break  # the first CPU's block is enough
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
+    name = fields.get("model name", "unknown CPU")
+    core = core_of(fields.get("vendor_id", ""), fields.get("cpu family", ""), set(fields.get("flags", "").split()))
+    return f"{name} ({core})" if core else name
+
+
+def core_of(vendor: str, family: str, flags: set[str]) -> str:
+    """The core generation where family and flags settle it: AMD family 26 is Zen 5, family 25
+    with AVX-512 is Zen 4 (Zen 3 has none); Intel with AMX tiles is Sapphire Rapids or later.
+    Zen 4 runs 512-bit dot products at half Zen 5's rate (benchmarks/dot_product_rate.py)."""
+    if vendor == "AuthenticAMD" and family == "26":
+        return "Zen 5"
+    if vendor == "AuthenticAMD" and family == "25" and "avx512f" in flags:
+        return "Zen 4"
+    if vendor == "GenuineIntel" and "amx_bf16" in flags:
+        return "AMX-BF16"
+    return ""
 
 
 @dataclass(frozen=True)
