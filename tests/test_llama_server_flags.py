@@ -50,17 +50,11 @@ def test_avx512_needs_every_part() -> None:
 def test_cache_per_flag_set(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv("PREHEAT_LLAMA_SERVER_CACHE", raising=False)
     monkeypatch.setattr(llama_server.Path, "home", lambda: tmp_path)
-    monkeypatch.setattr(llama_server, "cpu_flags", lambda: ZEN4)
+    monkeypatch.setattr(llama_server, "read_cpu_flags", lambda: ZEN4)
     zen4 = llama_server.cache_dir()
-    monkeypatch.setattr(llama_server, "cpu_flags", lambda: SAPPHIRE_RAPIDS)
+    monkeypatch.setattr(llama_server, "read_cpu_flags", lambda: SAPPHIRE_RAPIDS)
     assert llama_server.cache_dir() != zen4
     assert zen4.parent == tmp_path / ".cache" / "preheat" / "llama-server"
     monkeypatch.setenv("PREHEAT_LLAMA_SERVER_CACHE", str(tmp_path / "mine"))
     assert llama_server.cache_dir() == tmp_path / "mine"
 
-
-def test_cpu_flags_read_from_cpuinfo(tmp_path: Path) -> None:
-    info = tmp_path / "cpuinfo"
-    info.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512_vnni\n\nprocessor\t: 1\nflags\t\t: fpu\n")
-    assert llama_server.cpu_flags(str(info)) == {"fpu", "avx2", "avx512_vnni"}
-    assert llama_server.cpu_flags(str(tmp_path / "missing")) == set()
