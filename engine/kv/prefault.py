@@ -26,7 +26,7 @@ import threading
 import weakref
 from collections.abc import Callable
 
-from preheat.engine.idle_priority import lower_this_thread
+from preheat.engine.idle_priority import lower_this_thread, start_thread
 
 log = logging.getLogger(__name__)
 
@@ -61,20 +61,19 @@ class Prefaulter:
         self.stop = min(plane_pages, 1 + max(1, budget_bytes // max(1, planes * page_bytes)))
         self.done = 1  # page 0 is the scratch page
         self.failed: str | None = None
-        self._thread = threading.Thread(target=self._run, name="kv-prefault", daemon=True)
-        self._thread.start()
+        self._thread = start_thread(self._run, "kv-prefault")
 
     def join(self, timeout: float | None = None) -> None:
         self._thread.join(timeout)
 
-    def _run(self) -> None:
+    def _run(self, stop: threading.Event) -> None:
         madvise = _madvise()
         if madvise is None:
             self.failed = "no madvise"
             return
         lower_this_thread("kv-prefault", "populating")
         per_call = max(1, SLICE_BYTES // max(1, self.planes * self.page_bytes))
-        while self.done < self.stop:
+        while self.done < self.stop and not stop.is_set():  # set at exit (engine/idle_priority.py)
             owner = self._owner()
             if owner is None:
                 return

@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from preheat.engine.idle_priority import lower_this_thread
+from preheat.engine.idle_priority import lower_this_thread, start_thread
 from preheat.engine.kernels.linear import PACKED_TENSORS, LinearWeight
 from preheat.engine.model import decode_stack
 
@@ -152,11 +152,13 @@ Assignment = tuple[LinearWeight, str, torch.Tensor]  # weight, attribute, its co
 
 
 def copies(weights: Iterable[LinearWeight], environ: Mapping[str, str] = os.environ, setting: str | None = None,
-           headroom: int | None = None) -> tuple[Arena, list[Assignment]] | None:  # fmt: skip
+           headroom: int | None = None, stop: threading.Event | None = None,
+           ) -> tuple[Arena, list[Assignment]] | None:  # fmt: skip
     """Copies of the packed weights' tensors in a new arena, the weights untouched (any
     thread: it only reads them). A tensor two weights share gets one copy; tensors already
     in an arena are left out. None (logged) when there is nothing to copy, huge pages are
-    off, or the arena would take more than half of `headroom` bytes."""
+    off, the arena would take more than half of `headroom` bytes, or `stop` was set (looked
+    at between tensors: the process is exiting, see engine/idle_priority.py)."""
     plan = [(w, name, k) for w, name, k in movable(weights) if holder(getattr(w, name)) is None]
     if not plan:
         return None
@@ -171,6 +173,8 @@ def copies(weights: Iterable[LinearWeight], environ: Mapping[str, str] = os.envi
     made: dict[Key, torch.Tensor] = {}
     out = []
     for w, name, k in plan:
+        if stop is not None and stop.is_set():
+            return None
         if k not in made:
             made[k] = arena.place(getattr(w, name))
         out.append((w, name, made[k]))
@@ -206,13 +210,13 @@ class WeightMove:
                 self._done.set()
                 return
             self.moving = True
-            threading.Thread(target=self._run, name="weight-move", daemon=True).start()
+            start_thread(self._run, "weight-move")
 
-    def _run(self) -> None:
+    def _run(self, stop: threading.Event) -> None:
         try:
             lower_this_thread("weight-move", "copying")
             started = time.monotonic()
-            self._made = copies(self.model.matrices(), self.environ, headroom=self.headroom())
+            self._made = copies(self.model.matrices(), self.environ, headroom=self.headroom(), stop=stop)
             if self._made is not None:
                 arena = self._made[0]
                 log.info("weights: %d tensors, %.0f MiB, copied into huge pages in %.2fs (in use from the next step)",
