@@ -62,7 +62,12 @@ PEER = "transformers serve"
 LLAMA = "llama-server (Q4_1 GGUF; 16 slots)"
 GGUF_DEFAULT = "preheat GGUF default (Q4_1 in place)"
 INT8 = "preheat int8"
+# The GGUF with llama.cpp's own numerics: activations quantized to 8 bits per block of 32 (its
+# Q8_1 against the 4-bit blocks), vpdpbusd instead of vpdpwssd; not a default (accuracy cost in
+# int8_accuracy.md), named so a run can show what that choice buys on the CPU at hand.
+GGUF_ACT8 = "preheat GGUF with 8-bit activation codes (llama.cpp's numerics)"
 DEFAULT_SERVERS = [PEER, LLAMA, "preheat", GGUF_DEFAULT, INT8, "preheat + ngram"]
+ALL_SERVERS = [*DEFAULT_SERVERS, GGUF_ACT8]
 
 
 @dataclass(frozen=True)
@@ -219,6 +224,8 @@ def servers(model_dir: Path, port: int, max_tokens: int, kv_tokens: int, names: 
         Server("preheat", preheat, "/ready", {"temperature": 0, "ignore_eos": True}),
         Server(GGUF_DEFAULT, gguf_default, "/ready", {"temperature": 0, "ignore_eos": True}),
         Server(INT8, [*preheat, "--quantization", "int8"], "/ready", {"temperature": 0, "ignore_eos": True}),
+        Server(GGUF_ACT8, [*gguf_default, "--int8-activation-bits", "8"], "/ready",
+               {"temperature": 0, "ignore_eos": True}),
         Server("preheat + ngram", [*preheat, "--speculative-method", "ngram"], "/ready",
                {"temperature": 0, "ignore_eos": True}),
     ]
@@ -496,11 +503,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", default=None, help="where the model directory and guidellm files go")
     parser.add_argument("--out", default=str(RESULTS / "serving_vs_peers.md"))
     args = parser.parse_args(argv)
+    names = [n.strip() for n in args.servers.split(",") if n.strip()]
+    unknown = [n for n in names if n not in ALL_SERVERS]
+    if unknown:
+        parser.error(f"--servers: unknown {unknown}; known: {ALL_SERVERS}")
     started = time.monotonic()
     mode_name, mode = ("quick", QUICK) if args.quick else ("full", FULL)
     workdir = Path(args.workdir or Path(tempfile.gettempdir()) / "preheat-serving-vs-peers")
     workdir.mkdir(parents=True, exist_ok=True)
-    names = [n.strip() for n in args.servers.split(",") if n.strip()]
     model_dir = prepare_model_dir(workdir / "smollm2-bf16")
     max_out = max(w.output_tokens for w in mode.workloads)
     kv_tokens = kv_budget(mode)
