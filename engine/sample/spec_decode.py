@@ -52,10 +52,51 @@ def propose_ngram(token_ids: Sequence[int], num_tokens: int, lookup_min: int, lo
     return []
 
 
+class NgramIndex:
+    """`propose_ngram` over one sequence's growing tokens, kept up to date as they arrive:
+    per n-gram length, a dict from each n-gram to the position after its latest occurrence
+    that has a successor. A token added costs one dict write per length and a proposal one
+    lookup per length, where propose_ngram compares the last n tokens with every window of
+    the context on every call (~76 us at ~300 tokens: the speculation gate's lookups, a few a
+    step at batch 8, took ~2% of a bf16 step on the Zen 4 host; benchmarks/results/
+    speculation.md). Proposes exactly what propose_ngram proposes for the same tokens
+    (tests/engine/test_spec_decode.py)."""
+
+    def __init__(self, lookup_min: int, lookup_max: int) -> None:
+        self.lookup_min, self.lookup_max = lookup_min, lookup_max
+        self.tokens: list[int] = []
+        self._latest: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(lookup_min, lookup_max + 1)}
+
+    @property
+    def length(self) -> int:
+        return len(self.tokens)
+
+    def extend(self, new_tokens: Sequence[int]) -> None:
+        """Appends tokens; every window they give a successor to is indexed."""
+        t = self.tokens
+        old = len(t)
+        t.extend(int(x) for x in new_tokens)
+        for end in range(old, len(t)):  # window t[end - n:end], followed by t[end]
+            for n, latest in self._latest.items():
+                if end >= n:
+                    latest[tuple(t[end - n : end])] = end
+
+    def propose(self, num_tokens: int) -> list[int]:
+        t, total = self.tokens, len(self.tokens)
+        if num_tokens <= 0 or total < self.lookup_min + 1:
+            return []
+        for n in range(min(self.lookup_max, total - 1), self.lookup_min - 1, -1):
+            end = self._latest[n].get(tuple(t[total - n :]))
+            if end is not None:
+                return t[end : end + num_tokens]
+        return []
+
+
 class NgramDrafter:
     """The `ngram` method's drafter, configured once (--prompt-lookup-min/max). The engine
-    calls `propose(token_ids, num_tokens)` for each decoding sequence every step; anything
-    with that method can stand in (tests use an oracle to drive acceptance)."""
+    drafts for each decoding sequence from an `index()` of its own, kept up to date; a
+    stand-in without `index` is called as `propose(token_ids, num_tokens)` with the whole
+    context (tests use an oracle to drive acceptance)."""
 
     def __init__(self, lookup_min: int, lookup_max: int) -> None:
         self.lookup_min = lookup_min
@@ -63,6 +104,9 @@ class NgramDrafter:
 
     def propose(self, token_ids: Sequence[int], num_tokens: int) -> list[int]:
         return propose_ngram(token_ids, num_tokens, self.lookup_min, self.lookup_max)
+
+    def index(self) -> NgramIndex:
+        return NgramIndex(self.lookup_min, self.lookup_max)
 
 
 def draft_limit(num_speculative_tokens: int, num_tokens: int, max_total_tokens: int) -> int:

@@ -27,7 +27,7 @@ from preheat.engine.request.builder import RequestBuilder
 from preheat.engine.request.sampling_params import SamplingParams
 from preheat.engine.request.sequence import Sequence
 from preheat.engine.runner import BatchEntry, ModelRunner
-from preheat.engine.sample.spec_decode import NgramDrafter, draft_limit
+from preheat.engine.sample.spec_decode import NgramDrafter, NgramIndex, draft_limit
 from preheat.engine.sched.spec_policy import plan_draft_lengths
 from preheat.engine.sched.spec_stats import AcceptanceProfile, StepCosts, resolve
 
@@ -68,6 +68,7 @@ class Speculator:
         self.costs = StepCosts(self.gate.prior_draft_cost, self.gate.prior_sequence_cost, self.gate.prior_half_batch)
         self.acceptance = AcceptanceProfile(self.num_speculative_tokens, self.gate.global_decay)
         self._seqs: dict[str, _SeqState] = {}
+        self._indexes: dict[str, NgramIndex] = {}  # per decoding sequence, where the drafter keeps them
         self.warmup_seconds = 0.0
         if self.enabled:
             log.info(
@@ -85,6 +86,10 @@ class Speculator:
             return {}
         running = list(running)
         decoding = [s for s in running if s.num_computed == s.num_tokens - 1]  # the rest prefill
+        if self._indexes:
+            live = {s.request_id for s in running}
+            for rid in [r for r in self._indexes if r not in live]:
+                del self._indexes[rid]
         limits = [draft_limit(self.num_speculative_tokens, s.num_tokens, s.max_total_tokens) for s in decoding]
         if not self.gated:
             return self._lookup(decoding, limits, limits)
@@ -116,7 +121,7 @@ class Speculator:
         for seq, n, limit in zip(decoding, lengths, limits):
             try:
                 if n:
-                    draft = self.drafter.propose(seq.all_token_ids, n)[:n]
+                    draft = self._draft(seq, n)
                     if draft:
                         drafts[seq.request_id] = draft
                     if self.gated:
@@ -136,7 +141,20 @@ class Speculator:
         if state.pending is not None:
             return  # the last one is still being scored
         state.shadow_in = self.gate.shadow_every - 1
-        self._remember(seq, self.drafter.propose(seq.all_token_ids, limit)[:limit])
+        self._remember(seq, self._draft(seq, limit))
+
+    def _draft(self, seq: Sequence, n: int) -> list[int]:
+        """Up to n draft tokens for `seq`: from its index (brought up to date with the tokens
+        it gained) where the drafter keeps one, else from its whole context."""
+        make = getattr(self.drafter, "index", None)
+        if make is None:
+            return self.drafter.propose(seq.all_token_ids, n)[:n]
+        index = self._indexes.get(seq.request_id)
+        if index is None or index.length > seq.num_tokens:
+            index = self._indexes[seq.request_id] = make()
+        if index.length < seq.num_tokens:
+            index.extend(seq.token_ids(index.length, seq.num_tokens))
+        return index.propose(n)[:n]
 
     def _remember(self, seq: Sequence, draft: list[int]) -> None:
         state = self._seqs[seq.request_id]

@@ -11,10 +11,18 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from preheat.engine.request.sampling_params import SamplingParams
 from preheat.engine.sample.sampler import sample, verify_drafts
-from preheat.engine.sample.spec_decode import accept_greedy, accept_sampled, draft_limit, propose_ngram
+from preheat.engine.sample.spec_decode import (
+    NgramIndex,
+    accept_greedy,
+    accept_sampled,
+    draft_limit,
+    propose_ngram,
+)
 from preheat.engine.sched.plan import SeqView, plan_step
 
 # --- drafting ---------------------------------------------------------------------------------
@@ -44,6 +52,27 @@ def test_ngram_proposes_nothing_without_a_match_or_room() -> None:
     assert propose_ngram([7], 4, 1, 1) == []
     assert propose_ngram([7, 7], 4, 1, 1) == [7]
     assert propose_ngram([1, 2, 1, 2], 4, 2, 2) == [1, 2]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    tokens=st.lists(st.integers(0, 3), max_size=60),  # 4 symbols: n-grams repeat often
+    cuts=st.lists(st.integers(0, 60), max_size=6),
+    lookup=st.tuples(st.integers(1, 4), st.integers(0, 3)),
+    num_tokens=st.integers(0, 6),
+)
+def test_the_ngram_index_proposes_what_a_full_lookup_proposes(
+    tokens: list[int], cuts: list[int], lookup: tuple[int, int], num_tokens: int
+) -> None:
+    """An index fed the tokens in arbitrary chunks proposes, after each chunk, exactly what
+    propose_ngram proposes over the whole context so far."""
+    lo, hi = lookup[0], lookup[0] + lookup[1]
+    index = NgramIndex(lo, hi)
+    assert index.propose(num_tokens) == propose_ngram([], num_tokens, lo, hi) == []
+    for a, b in itertools.pairwise([0, *sorted(c for c in cuts if c <= len(tokens)), len(tokens)]):
+        index.extend(tokens[a:b])
+        assert index.length == b
+        assert index.propose(num_tokens) == propose_ngram(tokens[:b], num_tokens, lo, hi)
 
 
 def test_draft_limit_keeps_the_request_within_its_length() -> None:

@@ -13,6 +13,7 @@ import pytest
 
 from preheat.engine.config import EngineConfig
 from preheat.engine.runner import BatchEntry
+from preheat.engine.sample.spec_decode import propose_ngram
 from preheat.engine.sched.spec_policy import draft_cost, expected_speedup, plan_draft_lengths, prior_cost
 from preheat.engine.sched.spec_stats import AcceptanceProfile, StepCosts, fit_costs, resolve
 from preheat.engine.sched.speculation import Speculator
@@ -232,6 +233,9 @@ class FakeSeq:
         self.all_token_ids.append(token)
         self.num_computed = len(self.all_token_ids) - 1
 
+    def token_ids(self, start: int, end: int) -> list[int]:
+        return self.all_token_ids[start:end]
+
 
 class StreamDrafter:
     """Drafts each sequence's true continuation (`right`) or tokens it never produces."""
@@ -349,3 +353,26 @@ def test_sequences_that_left_are_forgotten() -> None:
     assert set(spec._seqs) == {"r0", "r1", "r2"}
     spec.propose(seqs[:1])
     assert set(spec._seqs) == {"r0"}
+
+
+def test_the_ngram_drafter_drafts_from_each_sequences_index_as_from_its_whole_context() -> None:
+    """The real drafter through the Speculator: each decoding sequence's draft is what
+    propose_ngram gives over its whole context, step after step, from an index kept per
+    sequence (brought up to date with the tokens it gained, built again if its tokens ever
+    shrink, dropped when it leaves)."""
+    rng = random.Random(7)
+    seqs = [FakeSeq(f"r{i}", [rng.randrange(4) for _ in range(30)]) for i in range(3)]
+    spec = speculator(gate="always")
+    for step in range(40):
+        drafts = spec.propose(seqs)
+        for s in seqs:
+            expected = propose_ngram(s.all_token_ids, 4, 2, 4)[:4]
+            assert drafts.get(s.request_id, []) == expected, (step, s.request_id)
+            for _ in range(rng.randrange(1, 4)):
+                s.append(rng.randrange(4))
+        if step == 20:  # a sequence's tokens shrink: its index is built again
+            del seqs[0].all_token_ids[-10:]
+            seqs[0].num_computed = seqs[0].num_tokens - 1
+    assert set(spec._indexes) == {"r0", "r1", "r2"}
+    spec.propose(seqs[1:])
+    assert set(spec._indexes) == {"r1", "r2"}
