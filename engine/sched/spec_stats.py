@@ -78,7 +78,7 @@ class StepCosts:
 
     def __init__(self, prior_draft_cost: float, prior_sequence_cost: float, prior_half_batch: int = 0,
                  window: int = 32, plain_window: int = 15, plain_refresh: int = 32, draft_probe: int = 32,
-                 prior_samples: int = 2) -> None:
+                 prior_samples: int = 2, probe_backoff_max: int = 4) -> None:
         self.prior_most = (prior_draft_cost, prior_sequence_cost)
         self.prior_half_batch = prior_half_batch
         self.plain_refresh = plain_refresh
@@ -89,6 +89,14 @@ class StepCosts:
         self.drafted: deque[tuple[int, int, float]] = deque(maxlen=window)  # (sequences, tokens, extra s)
         self.drafted_since_plain: dict[int, int] = {}
         self.plain_since_drafted: dict[int, int] = {}
+        # Per batch size, how many probes in a row found drafts as dear as believed: each
+        # doubles the wait before the next, up to 2 ** probe_backoff_max times draft_probe.
+        # A probe is a drafted step the gate's own prices would have kept out, so where
+        # drafts do not pay each one costs; where a step is bound by its arithmetic (a bf16
+        # batch of 16 on the Zen 4 host: a verify step with 4-token drafts took ~3.4x a plain
+        # one) a probe every 32 steps cost ~3% of the throughput.
+        self.probe_backoff_max = probe_backoff_max
+        self.probe_backoff: dict[int, int] = {}
 
     def observe(self, batch_size: int, drafted_seqs: int, draft_tokens: int, seconds: float) -> None:
         if batch_size <= 0:
@@ -98,6 +106,7 @@ class StepCosts:
             self.drafted_since_plain[batch_size] = 0
             self.plain_since_drafted[batch_size] = self.plain_since_drafted.get(batch_size, 0) + 1
             return
+        probe = self.wants_draft_probe(batch_size)
         self.drafted_since_plain[batch_size] = self.drafted_since_plain.get(batch_size, 0) + 1
         self.plain_since_drafted[batch_size] = 0
         plain = self.plain_seconds(batch_size)
@@ -109,10 +118,15 @@ class StepCosts:
         kappa, sigma = self.costs(batch_size)
         predicted = (sigma * drafted_seqs + kappa * draft_tokens) * plain / batch_size
         self.drafted.append((drafted_seqs, draft_tokens, extra))
-        if extra < predicted:
+        if extra < CHEAPER * predicted:
             # Cheaper than believed: if drafts were being kept out, probe again next step, so
             # a cost measured in a bad moment is outvoted in a few steps, not a few hundred.
+            # (Clearly cheaper: a step as dear as predicted is below it half the time, and
+            # each such probe called the next.)
+            self.probe_backoff[batch_size] = 0
             self.plain_since_drafted[batch_size] = self.draft_probe
+        elif probe:
+            self.probe_backoff[batch_size] = min(self.probe_backoff_max, self.probe_backoff.get(batch_size, 0) + 1)
 
     def plain_seconds(self, batch_size: int) -> float | None:
         """Median step time without drafts at this batch size, or at the nearest one seen."""
@@ -149,13 +163,16 @@ class StepCosts:
         return self.drafted_since_plain.get(batch_size, 0) >= due
 
     def wants_draft_probe(self, batch_size: int) -> bool:
-        """True when this batch size has gone `draft_probe` timed steps without a draft: the
-        cost that keeps drafts out is then measured again (load changes; it may have been
+        """True when this batch size has gone `draft_probe` timed steps without a draft (twice
+        that, four times ... after probes that found drafts as dear as believed): the cost
+        that keeps drafts out is then measured again (load changes; it may have been
         measured in a bad moment), if drafts could pay at a lower cost."""
-        return self.plain_since_drafted.get(batch_size, 0) >= self.draft_probe
+        wait = self.draft_probe << self.probe_backoff.get(batch_size, 0)
+        return self.plain_since_drafted.get(batch_size, 0) >= wait
 
 
 RIDGE = 0.25
+CHEAPER = 0.8  # a drafted step's extra time under this share of the predicted: drafts are cheaper
 
 
 def fit_costs(samples: Sequence[tuple[int, int, float]], prior_token: float, prior_seq: float,

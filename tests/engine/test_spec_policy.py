@@ -198,6 +198,42 @@ def test_a_batch_size_kept_from_drafting_asks_for_a_probe_now_and_then() -> None
     assert c.wants_draft_probe(8)
 
 
+def test_probes_that_find_drafts_as_dear_as_believed_come_further_apart() -> None:
+    """Each probe where drafts do not pay costs a step's worth; one every `draft_probe`
+    steps cost ~3% of a compute-bound batch of 16. Probes that confirm the cost double the
+    wait (up to 16 times), one that finds drafts clearly cheaper starts over."""
+    c = StepCosts(0.25, 0.25, draft_probe=3, probe_backoff_max=2)
+
+    def plain_steps_until_probe() -> int:
+        n = 0
+        while not c.wants_draft_probe(8):
+            c.observe(8, 0, 0, 0.05)
+            n += 1
+        return n
+
+    c.observe(8, 0, 0, 0.05)
+    waits = []
+    for _ in range(4):
+        waits.append(plain_steps_until_probe())
+        c.observe(8, 4, 16, 0.20)  # as dear as (dearer than) believed
+    assert waits == [2, 6, 12, 12]  # 3, 6, 12, then no further (the first plain step came before)
+    assert plain_steps_until_probe() == 12
+    c.observe(8, 4, 4, 0.0505)  # clearly cheaper than believed: probe again at once
+    assert c.wants_draft_probe(8)
+    c.observe(8, 4, 16, 0.20)  # that one as dear as believed: the waits start over
+    assert plain_steps_until_probe() == 6
+
+
+def test_a_probe_about_as_dear_as_predicted_does_not_call_the_next_at_once() -> None:
+    c = StepCosts(0.25, 0.25, draft_probe=3)
+    for _ in range(3):
+        c.observe(8, 0, 0, 0.05)
+    kappa, sigma = c.costs(8)
+    predicted = (sigma * 4 + kappa * 16) * 0.05 / 8
+    c.observe(8, 4, 16, 0.05 + 0.95 * predicted)  # below the prediction, within its noise
+    assert not c.wants_draft_probe(8)
+
+
 def test_a_batch_size_that_always_drafts_gets_a_plain_step_now_and_then() -> None:
     c = StepCosts(0.25, 0.25, plain_refresh=3)
     c.observe(4, 2, 8, 0.012)
