@@ -117,7 +117,11 @@ class AsyncEngine:
         self._thread = threading.Thread(target=self._run, name="engine-step", daemon=True)
         self._thread.start()
 
-    def stop(self, timeout: float = 5.0) -> None:
+    def stop(self, timeout: float = 5.0) -> bool:
+        """Stops the step thread after its current step, waiting up to `timeout` seconds for
+        it. True when it ended; False when a step still runs (a large model's prompt chunk on
+        a CPU can take longer): the process must then leave without finalizing the
+        interpreter (server_main.exit_now), which would abort under a thread inside torch."""
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
@@ -125,6 +129,12 @@ class AsyncEngine:
         close = getattr(self.engine, "close", None)
         if close is not None:
             close()  # tensor-parallel workers stop with the engine
+        return not self.stepping
+
+    @property
+    def stepping(self) -> bool:
+        """Whether the step thread is still running."""
+        return self._thread is not None and self._thread.is_alive()
 
     @property
     def num_in_flight(self) -> int:

@@ -93,17 +93,19 @@ async def serve(config: EngineConfig, warm: WarmStart | None = None) -> int:
         starting.cancel()
     if server.draining is None:
         aengine.stop()
-    if abandoned:
-        exit_now(server.exit_code)
+    if abandoned or aengine.stepping:
+        exit_now(server.exit_code, "during start-up" if abandoned else "with an engine step still running")
     return server.exit_code
 
 
-def exit_now(code: int) -> None:
-    """Exit while a start-up thread (loading the model, fetching a snapshot) still runs:
-    it is a daemon thread, so nothing waits for it, but finalizing the interpreter under a
-    thread inside torch aborts the process (exit 134, not 0). Nothing is left to clean up:
-    the server has stopped and a snapshot is never written before start-up finished."""
-    log.info("exiting during start-up")
+def exit_now(code: int, why: str) -> None:
+    """Exit while a start-up thread (loading the model, fetching a snapshot) or the step
+    thread (a step longer than AsyncEngine.stop waits, after a drain that hit its deadline)
+    still runs: it is a daemon thread, so nothing waits for it, but finalizing the
+    interpreter under a thread inside torch aborts the process (exit 134, not 0;
+    engine/idle_priority.py). Nothing is left to clean up: the server has stopped, the
+    shutdown callbacks (a snapshot) have run or, during start-up, have nothing to write."""
+    log.info("exiting %s", why)
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
