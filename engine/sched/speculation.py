@@ -86,14 +86,11 @@ class Speculator:
             return {}
         running = list(running)
         decoding = [s for s in running if s.num_computed == s.num_tokens - 1]  # the rest prefill
-        if self._indexes:
-            live = {s.request_id for s in running}
-            for rid in [r for r in self._indexes if r not in live]:
-                del self._indexes[rid]
+        self._forget_left(running)
         limits = [draft_limit(self.num_speculative_tokens, s.num_tokens, s.max_total_tokens) for s in decoding]
         if not self.gated:
             return self._lookup(decoding, limits, limits)
-        self._track(running, decoding)
+        self._track(decoding)
         return self._lookup(decoding, self._lengths(decoding, limits), limits)
 
     def _lengths(self, decoding: list[Sequence], limits: list[int]) -> list[int]:
@@ -162,11 +159,17 @@ class Speculator:
             self._observe(state, *resolve(state.pending[1], seq.all_token_ids[state.pending[0]:])[:2])
         state.pending = (seq.num_tokens, draft) if draft else None
 
-    def _track(self, running: list[Sequence], decoding: list[Sequence]) -> None:
-        """Forgets sequences that left; scores the drafts whose tokens have arrived."""
+    def _forget_left(self, running: list[Sequence]) -> None:
+        """Drops the per-sequence state (acceptance, n-gram index) of sequences that left."""
+        if not (self._seqs or self._indexes):
+            return
         live = {s.request_id for s in running}
-        for rid in [r for r in self._seqs if r not in live]:
-            del self._seqs[rid]
+        for by_id in (self._seqs, self._indexes):
+            for rid in [r for r in by_id if r not in live]:
+                del by_id[rid]
+
+    def _track(self, decoding: list[Sequence]) -> None:
+        """Scores the drafts whose tokens have arrived; starts tracking new sequences."""
         for seq in decoding:
             state = self._seqs.get(seq.request_id)
             if state is None:
