@@ -8,12 +8,14 @@ keeps the softmax in float32.
 A short extend (a few new tokens per sequence, e.g. a speculative-decoding verify step) is
 the decode problem once per new token: token j of a sequence with p cached tokens sees
 p + j + 1 keys. `plan_short_extend` turns it into decode rows (the page-table row repeated,
-one length per token), so it runs on the same kernel. Long extends (prompt chunks) run on
-the extend kernel (extend_attention_avx512.cpp: queries in the vector lanes, online softmax
-over the pages; bfloat16, head_dim 64 / 128, the AVX-512 build), 0.19-0.24x the reference's
-time per layer (gather + SDPA) at 256-512 new tokens or 128 over 640 cached (SmolLM2's heads,
-2 threads); anything else stays on the SDPA paths
-(engine/kernels/batched_extend.py, reference.py).
+one length per token), so it can run on the same kernel. Prompt chunks run on the extend
+kernel (extend_attention_avx512.cpp: one (new token, query head) pair per vector lane,
+online softmax over the pages; bfloat16, head_dim 64 / 128, the AVX-512 build), 0.19-0.24x
+the reference's time per layer (gather + SDPA) at 256-512 new tokens or 128 over 640 cached
+(SmolLM2's heads, 2 threads). A short extend goes there too when its lanes are full enough
+(`fills_extend_lanes`): decode rows read every key once per new token, the extend kernel
+once per 16 lanes. Anything else stays on the SDPA paths (engine/kernels/batched_extend.py,
+reference.py).
 
 Every function that runs a kernel takes the kernels module (engine/kernels/cpu_ext.py's
 build) as its first argument; engine/kernels/cpu_backend.py holds it.
@@ -22,7 +24,7 @@ build) as its first argument; engine/kernels/cpu_backend.py holds it.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
@@ -30,8 +32,14 @@ import torch
 
 from preheat.engine.kernels import kv_fp8, reference
 
-# New tokens per sequence up to which an extend runs as decode rows.
+# New tokens per sequence up to which an extend may run as decode rows.
 SHORT_EXTEND = 16
+# Where the extend kernel takes a short extend: at least this many of a vector's 16 lanes
+# used, on average over the extend. One vector of lanes (every key read once for it) cost
+# what decode rows for 4.3 (head_dim 64, no grouping), 6.2 (SmolLM2: 3 query heads a kv
+# head) and 10.5 (head_dim 128, 4 a group) (new token, head) pairs cost: measured at contexts
+# of 600, 1 and 7 sequences, 2 threads, Zen 4 (SmolLM2's 5-token verify: 2.1x faster there).
+EXTEND_KERNEL_MIN_FILL = 9
 
 
 def eligible(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
@@ -63,12 +71,34 @@ def decode_attention(kernels: ModuleType, q, k_cache, v_cache, page_table, seq_l
                                     float(ks), float(vs))
 
 
+def fills_extend_lanes(extend_lens: list[int], group: int) -> bool:
+    """Whether the extend kernel's vectors, 16 (new token, query head) pairs each, are full
+    enough for it to beat decode rows on this extend (`group`: query heads per kv head)."""
+    lanes = sum(e * group for e in extend_lens)
+    vectors = sum(-(-e * group // 16) for e in extend_lens)
+    return lanes >= EXTEND_KERNEL_MIN_FILL * vectors
+
+
 @dataclass
 class ShortExtend:
-    """An extend laid out as decode rows: one page-table row and one length per new token."""
+    """A short extend laid out as decode rows (one page-table row and one length per new
+    token), with the lengths the extend kernel reads should it take it instead."""
 
     page_table: torch.Tensor  # int32 [T, max_pages]
     seq_lens: torch.Tensor  # int32 [T]
+    prefix_lens: torch.Tensor  # int32 [B]
+    extend_lens: torch.Tensor  # int32 [B]
+    rows: tuple[int, ...]  # extend_lens as numbers
+    _fills: dict[int, bool] = field(default_factory=dict)
+
+    def on_extend_kernel(self, kernels: ModuleType, q: torch.Tensor, k_cache: torch.Tensor) -> bool:
+        """Whether this layer runs it on the extend kernel (decided once per group size)."""
+        if not long_extend_eligible(kernels, q, k_cache):
+            return False
+        group = q.shape[1] // k_cache.shape[2]
+        if group not in self._fills:
+            self._fills[group] = fills_extend_lanes(list(self.rows), group)
+        return self._fills[group]
 
 
 def plan_short_extend(
@@ -84,10 +114,18 @@ def plan_short_extend(
     return ShortExtend(
         page_table.index_select(0, rows.to(page_table.device)).to(torch.int32),
         torch.tensor(lens, dtype=torch.int32, device=page_table.device),
+        torch.tensor(prefix_lens, dtype=torch.int32),
+        counts.to(torch.int32),
+        tuple(extend_lens),
     )
 
 
-def short_extend(kernels: ModuleType, q, k_cache, v_cache, plan: ShortExtend, scale) -> torch.Tensor:
+def short_extend(kernels: ModuleType, q, k_cache, v_cache, plan: ShortExtend, scale,
+                 page_table: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    """A short extend on the extend kernel where it fills its lanes (and `page_table`, the
+    sequences' own, is given), else as decode rows."""
+    if page_table is not None and plan.on_extend_kernel(kernels, q, k_cache):
+        return long_extend(kernels, q, k_cache, v_cache, page_table, plan.prefix_lens, plan.extend_lens, scale)
     return decode_attention(kernels, q, k_cache, v_cache, plan.page_table, plan.seq_lens, scale)
 
 
@@ -136,7 +174,7 @@ def extend_attention(kernels: ModuleType, q, k_cache, v_cache, page_table, prefi
     prefix, extend = [int(p) for p in prefix_lens], [int(e) for e in extend_lens]
     plan = plan_short_extend(page_table, prefix, extend)
     if plan is not None and eligible(q, k_cache):
-        return short_extend(kernels, q, k_cache, v_cache, plan, scale)
+        return short_extend(kernels, q, k_cache, v_cache, plan, scale, page_table)
     if plan is None and page_table is not None and long_extend_eligible(kernels, q, k_cache):
         return long_extend(kernels, q, k_cache, v_cache, page_table, torch.tensor(prefix, dtype=torch.int32),
                            torch.tensor(extend, dtype=torch.int32), scale)

@@ -77,7 +77,7 @@ class CpuKernelBackend(TorchBackend):
     def extend_attention(self, q, k_cache, v_cache, page_table, prefix_lens, extend_lens, scale,
                          prepared=None) -> torch.Tensor:  # fmt: skip
         if isinstance(prepared, cpu_attention.ShortExtend):
-            return cpu_attention.short_extend(self.kernels, q, k_cache, v_cache, prepared, scale)
+            return cpu_attention.short_extend(self.kernels, q, k_cache, v_cache, prepared, scale, page_table)
         if isinstance(prepared, cpu_attention.LongExtend):
             if cpu_attention.long_extend_eligible(self.kernels, q, k_cache):
                 return cpu_attention.long_extend(self.kernels, q, k_cache, v_cache, page_table, prepared.prefix_lens,

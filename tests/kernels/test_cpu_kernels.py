@@ -90,14 +90,15 @@ def test_decode_attention_matches_the_reference(batch, kvh, group, hd, page_size
 @given(
     extends=st.lists(st.tuples(st.integers(0, 90), st.integers(1, 80)), min_size=1, max_size=4),
     kvh=st.integers(1, 3),
-    group=st.sampled_from([1, 2, 3, 4, 7]),
+    group=st.sampled_from([1, 2, 3, 4, 7, 17]),  # 7, 17: rows whose heads straddle two vectors
     hd=st.sampled_from([64, 128]),
     page_size=st.sampled_from([1, 4, 16]),
     seed=st.integers(0, 2**16),
 )
 def test_extend_attention_matches_the_reference(extends, kvh, group, hd, page_size, seed, kernels):
     """A prompt chunk per sequence (prefix cached, new tokens causal among themselves) in
-    bfloat16, queries in the lanes; the reference is SDPA over the gathered context."""
+    bfloat16, (new token, query head) pairs in the lanes; the reference is SDPA over the
+    gathered context."""
     if not kernels.has_extend_attention:  # the AVX-512 build's
         with pytest.raises(RuntimeError, match="extend_attention: not in the avx2 build"):
             kernels.extend_attention(torch.zeros((1, 1, 64), dtype=torch.bfloat16), *([torch.zeros(1)] * 5), 1.0)
@@ -515,6 +516,44 @@ def test_short_extends_run_as_decode_rows(cpu):
     close(got, expected, torch.float32)
     # Unprepared (an extend no forward pass planned), the backend lays it out itself.
     close(cpu.extend_attention(q, k_cache, v_cache, table, prefix, extend, 0.125), expected, torch.float32)
+
+
+def test_fills_extend_lanes_weighs_vectors_against_decode_rows():
+    from preheat.engine.kernels.cpu_attention import fills_extend_lanes
+
+    assert fills_extend_lanes([5, 5, 4], 3)  # verify steps of 4-token drafts: 15, 15, 12 of 16 lanes
+    assert fills_extend_lanes([3], 3)  # 9 of 16
+    assert not fills_extend_lanes([2, 2], 3)  # 6 of 16: decode rows are cheaper
+    assert not fills_extend_lanes([1], 4) and not fills_extend_lanes([2], 4) and fills_extend_lanes([3], 4)
+    assert not fills_extend_lanes([8], 1) and fills_extend_lanes([9], 1)
+    assert fills_extend_lanes([16], 1) and fills_extend_lanes([6], 3)  # 18 lanes in 2 vectors: 9 a vector
+    assert not fills_extend_lanes([17], 1)  # 17 lanes in 2 vectors
+
+
+def test_short_extends_that_fill_the_lanes_run_on_the_extend_kernel(cpu, kernels, monkeypatch):
+    """A verify step's extend (a few tokens per sequence over a cached context) in bfloat16:
+    on the extend kernel where its lanes fill (SmolLM2's 3 heads a group, 5 tokens: 15 of
+    16), as decode rows where they do not (1 token a sequence) or where the build has no
+    extend kernel (AVX2), the same answer every way."""
+    from preheat.engine.kernels import cpu_attention
+
+    g = torch.Generator().manual_seed(5)
+    calls: list[int] = []
+    real = cpu_attention.long_extend
+    monkeypatch.setattr(cpu_attention, "long_extend", lambda *a, **k: calls.append(1) or real(*a, **k))
+    for extend, on_kernel in (([5, 4, 5], True), ([1, 1, 1], False)):
+        prefix = [40, 7, 100]
+        k_cache, v_cache, table = paged_cache(g, [p + e for p, e in zip(prefix, extend)], 16, 2, 64, torch.bfloat16)
+        q = torch.randn((sum(extend), 6, 64), generator=g).bfloat16()
+        expected = reference.extend_attention(q, k_cache, v_cache, table, prefix, extend, 0.125)
+        plan = cpu.prepare_extend(table, prefix, extend, 16)
+        assert isinstance(plan, cpu_attention.ShortExtend)
+        calls.clear()
+        got = cpu.extend_attention(q, k_cache, v_cache, table, prefix, extend, 0.125, plan)
+        assert bool(calls) == (on_kernel and kernels.has_extend_attention)
+        close(got, expected, torch.bfloat16)
+        rows = cpu_attention.decode_attention(kernels, q, k_cache, v_cache, plan.page_table, plan.seq_lens, 0.125)
+        close(got, rows, torch.bfloat16)
 
 
 @pytest.mark.parametrize("n", [40, 48])  # a partial column block, and none

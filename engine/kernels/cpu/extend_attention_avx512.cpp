@@ -1,48 +1,56 @@
 // Paged extend (prompt) attention, bfloat16, with the queries in the vector lanes: a task is
 // one sequence, one kv head and up to EXTEND_TASK_ROWS of its new tokens, for every query head of the
-// group. 16 query rows of one head share a vector:
-//  - scores: for each key, sum over the head's dimension pairs of (query pair j of 16 rows,
-//    transposed once per task) x (the key's pair j, broadcast): vdpbf16ps, 16 rows' scores
+// group. A lane is one (new token, query head of the group) pair, row-major (lane f: row f / G,
+// head f % G), 16 to a vector: every head of a group reads the same keys and values, so they
+// share vectors, and an extend of a few tokens (a speculative-decoding verify of 5 tokens,
+// SmolLM2's 3 heads a group: 15 lanes) fills one vector instead of one per head with 5 of its
+// 16 lanes used. Per vector:
+//  - scores: for each key, sum over the head's dimension pairs of (query pair j of 16 lanes,
+//    transposed once per task) x (the key's pair j, broadcast): vdpbf16ps, 16 lanes' scores
 //    of one key per vector, no horizontal sums. A block's keys are transposed once per task
 //    (pair j of its 16 keys side by side), so each query pair is loaded once for 16 keys and
 //    every product reads one operand from memory (a broadcast) instead of two;
-//  - softmax: online over blocks of 16 keys (running max and sum per row, lane-wise);
-//  - values: for each pair of keys, (their probabilities of 16 rows, as bfloat16 pairs) x
+//  - softmax: online over blocks of 16 keys (running max and sum per lane);
+//  - values: for each pair of keys, (their probabilities of 16 lanes, as bfloat16 pairs) x
 //    (the pair's values at dimension d, broadcast): vdpbf16ps into output dimension d.
 // Keys and values are read from the pages where they lie; the key block is one page at the
 // default page size. Probabilities are rounded to bfloat16 for the value products, as
-// SDPA's bfloat16 path rounds them; sums are float32.
+// SDPA's bfloat16 path rounds them; sums are float32. Each lane computes what it computed
+// when lanes held one head's rows (the same products in the same order).
 #include "avx512_common.h"
 
 namespace preheat {
 namespace avx512 {
 namespace {
 
-constexpr int64_t ROWS = 16;  // query rows per vector
+constexpr int64_t LANES = 16;  // (row, head) pairs per vector
 
 struct ExtendScratch {
-  float* qt;   // [groups][G][D/2][16] query pairs, transposed (bf16 pairs as int32)
-  float* ot;   // [groups][G][D][16] output accumulators, transposed
-  float* ml;   // [groups][G][2][16] running max and sum
+  float* qt;   // [vectors][D/2][16] query pairs, transposed (bf16 pairs as int32)
+  float* ot;   // [vectors][D][16] output accumulators, transposed
+  float* ml;   // [vectors][2][16] running max and sum
   float* vp;   // [8][D] value pairs of a key block: (v[2i][d], v[2i+1][d]) as int32
   float* pp;   // [8][16] probability pairs of 16 rows
   float* kt;   // [D/2][16] key pairs of a key block, transposed (bf16 pairs as int32)
+  int32_t* rp;  // [vectors][16] each lane's row position (the last key it sees)
 };
 
-// Offsets (floats) of ExtendScratch's parts for `groups` vectors of rows, and their total:
+// Offsets (floats) of ExtendScratch's parts for `vectors` vectors of lanes, and their total:
 // the one layout both the task and extend_attention_scratch read.
 struct ExtendLayout {
-  int64_t qt, ot, ml, vp, pp, kt, total;
+  int64_t qt, ot, ml, vp, pp, kt, rp, total;
 };
-inline ExtendLayout extend_layout(int64_t groups, int64_t G, int64_t D) {
+inline int64_t lane_vectors(int64_t rows, int64_t G) { return (rows * G + LANES - 1) / LANES; }
+inline ExtendLayout extend_layout(int64_t vectors, int64_t D) {
   ExtendLayout l;
   l.qt = 0;
-  l.ot = l.qt + groups * G * (D / 2) * 16;
-  l.ml = l.ot + groups * G * D * 16;
-  l.vp = l.ml + groups * G * 2 * 16;
+  l.ot = l.qt + vectors * (D / 2) * 16;
+  l.ml = l.ot + vectors * D * 16;
+  l.vp = l.ml + vectors * 2 * 16;
   l.pp = l.vp + 8 * D;
   l.kt = l.pp + 8 * 16;
-  l.total = l.kt + (D / 2) * 16;
+  l.rp = l.kt + (D / 2) * 16;
+  l.total = l.rp + vectors * 16;
   return l;
 }
 
@@ -73,34 +81,41 @@ inline void transpose16(__m512i (&r)[16]) {
 template <int D>
 void task(const ExtendAttnArgs& a, int64_t b, int64_t kvh, int64_t r0, int64_t r1, float* scratch) {
   constexpr int64_t DP = D / 2;
-  const int64_t G = a.H / a.KVH, rows = r1 - r0, groups = (rows + ROWS - 1) / ROWS;
+  const int64_t G = a.H / a.KVH, rows = r1 - r0, lanes = rows * G, vectors = lane_vectors(rows, G);
   const int64_t prefix = a.prefix_lens[b], last_key = prefix + r1;  // keys [0, last_key)
   const int32_t* pages = a.page_table + b * a.pt_stride;
-  const ExtendLayout l = extend_layout(groups, G, D);
+  const ExtendLayout l = extend_layout(vectors, D);
   const ExtendScratch sc{scratch + l.qt, scratch + l.ot, scratch + l.ml, scratch + l.vp, scratch + l.pp,
-                        scratch + l.kt};
-  // Queries transposed: lane r of qt[grp][g][j] = pair j of row r0 + grp * 16 + r, head g.
-  const uint32_t* q = (const uint32_t*)a.q;
-  for (int64_t grp = 0; grp < groups; ++grp) {
-    const int64_t n = imin(ROWS, rows - grp * ROWS);
-    const __mmask16 live = tail_mask(n);
-    const __m512i row_off = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                               _mm512_set1_epi32((int32_t)(a.q_stride_t / 2)));
-    for (int64_t g = 0; g < G; ++g) {
-      const int64_t h = kvh * G + g;
-      const uint32_t* base = q + ((a.q_start[b] + r0 + grp * ROWS) * a.q_stride_t + h * a.q_stride_h) / 2;
-      float* dst = sc.qt + (grp * G + g) * DP * 16;
-      for (int64_t j = 0; j < DP; ++j)
-        _mm512_storeu_si512(dst + j * 16, _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, row_off,
-                                                                     base + j, 4));
-      float* o = sc.ot + (grp * G + g) * D * 16;
-      for (int64_t d = 0; d < D; ++d) _mm512_storeu_ps(o + d * 16, _mm512_setzero_ps());
-      _mm512_storeu_ps(sc.ml + (grp * G + g) * 32, _mm512_set1_ps(-INFINITY));
-      _mm512_storeu_ps(sc.ml + (grp * G + g) * 32 + 16, _mm512_setzero_ps());
-    }
+                        scratch + l.kt, (int32_t*)(scratch + l.rp)};
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  // Lane L of vector v is pair f = 16 v + L: row r0 + f / G, head kvh * G + f % G.
+  auto lane_row = [&](int64_t v) {  // relative to r0
+    alignas(64) int32_t r[LANES];
+    for (int64_t L = 0; L < LANES; ++L) r[L] = (int32_t)((v * LANES + L) / G);
+    return _mm512_load_si512(r);
+  };
+  auto lane_head = [&](int64_t v) {  // within the group
+    alignas(64) int32_t h[LANES];
+    for (int64_t L = 0; L < LANES; ++L) h[L] = (int32_t)((v * LANES + L) % G);
+    return _mm512_load_si512(h);
+  };
+  // Queries transposed: lane L of qt[v][j] = pair j of lane L's row and head.
+  const uint32_t* q = (const uint32_t*)a.q + ((a.q_start[b] + r0) * a.q_stride_t + kvh * G * a.q_stride_h) / 2;
+  for (int64_t v = 0; v < vectors; ++v) {
+    const __mmask16 live = tail_mask(lanes - v * LANES);
+    const __m512i row = lane_row(v);
+    _mm512_storeu_si512(sc.rp + v * 16, _mm512_add_epi32(row, _mm512_set1_epi32((int32_t)(prefix + r0))));
+    const __m512i off = _mm512_add_epi32(_mm512_mullo_epi32(row, _mm512_set1_epi32((int32_t)(a.q_stride_t / 2))),
+                                         _mm512_mullo_epi32(lane_head(v), _mm512_set1_epi32((int32_t)(a.q_stride_h / 2))));
+    float* dst = sc.qt + v * DP * 16;
+    for (int64_t j = 0; j < DP; ++j)
+      _mm512_storeu_si512(dst + j * 16, _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, off, q + j, 4));
+    float* o = sc.ot + v * D * 16;
+    for (int64_t d = 0; d < D; ++d) _mm512_storeu_ps(o + d * 16, _mm512_setzero_ps());
+    _mm512_storeu_ps(sc.ml + v * 32, _mm512_set1_ps(-INFINITY));
+    _mm512_storeu_ps(sc.ml + v * 32 + 16, _mm512_setzero_ps());
   }
   const __m512 scale = _mm512_set1_ps(a.scale);
-  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   const char* krow[16];
   const char* vrow[16];
   for (int64_t k0 = 0; k0 < last_key; k0 += 16) {
@@ -131,86 +146,81 @@ void task(const ExtendAttnArgs& a, int64_t b, int64_t kvh, int64_t r0, int64_t r
       transpose16(r);
       for (int j = 0; j < 16; ++j) _mm512_storeu_si512(sc.kt + (c + j) * 16, r[j]);
     }
-    for (int64_t grp = 0; grp < groups; ++grp) {
-      const int64_t row0 = r0 + grp * ROWS;  // first row of this vector
-      const int64_t n_rows = imin(ROWS, r1 - row0);
-      if (k0 > prefix + row0 + n_rows - 1) continue;  // every key here is after every row
-      // Key k is visible to row r when k <= prefix + r.
-      const __m512i row_pos = _mm512_add_epi32(lane, _mm512_set1_epi32((int32_t)(prefix + row0)));
-      const bool diagonal = k0 + n - 1 > prefix + row0;
-      for (int64_t g = 0; g < G; ++g) {
-        const int64_t at = grp * G + g;
-        const uint32_t* qt = (const uint32_t*)sc.qt + at * DP * 16;
-        __m512 s[16];
-        __mmask16 visible[16];
-        for (int i = 0; i < 16; ++i) s[i] = _mm512_setzero_ps();
-        const int32_t* kt = (const int32_t*)sc.kt;
-        for (int64_t j = 0; j < DP; ++j) {
-          const __m512bh qv = (__m512bh)_mm512_loadu_si512(qt + j * 16);
+    for (int64_t v = 0; v < vectors; ++v) {
+      // Rows of this vector's first and last live lanes (relative to r0).
+      const int64_t first_row = v * LANES / G, last_row = (imin(v * LANES + LANES, lanes) - 1) / G;
+      if (k0 > prefix + r0 + last_row) continue;  // every key here is after every row
+      // Key k is visible to a lane when k <= prefix + its row.
+      const __m512i row_pos = _mm512_loadu_si512(sc.rp + v * 16);
+      const bool diagonal = k0 + n - 1 > prefix + r0 + first_row;
+      const uint32_t* qt = (const uint32_t*)sc.qt + v * DP * 16;
+      __m512 s[16];
+      __mmask16 visible[16];
+      for (int i = 0; i < 16; ++i) s[i] = _mm512_setzero_ps();
+      const int32_t* kt = (const int32_t*)sc.kt;
+      for (int64_t j = 0; j < DP; ++j) {
+        const __m512bh qv = (__m512bh)_mm512_loadu_si512(qt + j * 16);
 #pragma GCC unroll 16
-          for (int i = 0; i < 16; ++i) s[i] = _mm512_dpbf16_ps(s[i], qv, (__m512bh)_mm512_set1_epi32(kt[j * 16 + i]));
+        for (int i = 0; i < 16; ++i) s[i] = _mm512_dpbf16_ps(s[i], qv, (__m512bh)_mm512_set1_epi32(kt[j * 16 + i]));
+      }
+      for (int64_t i = 0; i < n; ++i) {
+        s[i] = _mm512_mul_ps(s[i], scale);
+        visible[i] = diagonal ? _mm512_cmple_epi32_mask(_mm512_set1_epi32((int32_t)(k0 + i)), row_pos) : 0xFFFF;
+        s[i] = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), visible[i], s[i]);
+      }
+      float* ml = sc.ml + v * 32;
+      const __m512 m_old = _mm512_loadu_ps(ml);
+      __m512 m_new = m_old;
+      for (int64_t i = 0; i < n; ++i) m_new = _mm512_max_ps(m_new, s[i]);
+      // Rows that see no key of this block keep -inf: exp(-inf - -inf) is NaN, so such
+      // lanes compute with 0 instead and their probabilities come out 0.
+      const __mmask16 seen = _mm512_cmp_ps_mask(m_new, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ);
+      const __m512 m_use = _mm512_maskz_mov_ps(seen, m_new);
+      const __m512 corr = _mm512_maskz_mov_ps(seen, exp16(_mm512_sub_ps(m_old, m_use)));
+      __m512 l = _mm512_mul_ps(_mm512_loadu_ps(ml + 16), corr);
+      uint32_t* pp = (uint32_t*)sc.pp;
+      for (int64_t i = 0; i < pairs * 2; i += 2) {
+        const __m512 p0 = _mm512_maskz_mov_ps(seen & visible[i], exp16(_mm512_sub_ps(s[i], m_use)));
+        const __m512 p1 = i + 1 < n ? _mm512_maskz_mov_ps(seen & visible[i + 1], exp16(_mm512_sub_ps(s[i + 1], m_use)))
+                                    : _mm512_setzero_ps();
+        l = _mm512_add_ps(l, _mm512_add_ps(p0, p1));
+        // (p0[r], p1[r]) as a bf16 pair in lane r.
+        const __m512i b0 = _mm512_cvtepu16_epi32(f32_to_bf16(p0)), b1 = _mm512_cvtepu16_epi32(f32_to_bf16(p1));
+        _mm512_storeu_si512(pp + (i / 2) * 16, _mm512_or_si512(b0, _mm512_slli_epi32(b1, 16)));
+      }
+      _mm512_storeu_ps(ml, m_new);
+      _mm512_storeu_ps(ml + 16, l);
+      float* o = sc.ot + v * D * 16;
+      const bool rescale = _mm512_cmp_ps_mask(corr, _mm512_set1_ps(1.0f), _CMP_NEQ_OQ) != 0;
+      const uint32_t* vp = (const uint32_t*)sc.vp;
+      for (int64_t d0 = 0; d0 < D; d0 += 16) {
+        __m512 acc[16];
+        for (int64_t d = 0; d < 16; ++d) {
+          acc[d] = _mm512_loadu_ps(o + (d0 + d) * 16);
+          if (rescale) acc[d] = _mm512_mul_ps(acc[d], corr);
         }
-        for (int64_t i = 0; i < n; ++i) {
-          s[i] = _mm512_mul_ps(s[i], scale);
-          visible[i] = diagonal ? _mm512_cmple_epi32_mask(_mm512_set1_epi32((int32_t)(k0 + i)), row_pos) : 0xFFFF;
-          s[i] = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), visible[i], s[i]);
+        for (int64_t i = 0; i < pairs; ++i) {
+          const __m512bh pv = (__m512bh)_mm512_loadu_si512(pp + i * 16);
+          for (int64_t d = 0; d < 16; ++d)
+            acc[d] = _mm512_dpbf16_ps(acc[d], pv, (__m512bh)_mm512_set1_epi32(vp[i * D + d0 + d]));
         }
-        float* ml = sc.ml + at * 32;
-        const __m512 m_old = _mm512_loadu_ps(ml);
-        __m512 m_new = m_old;
-        for (int64_t i = 0; i < n; ++i) m_new = _mm512_max_ps(m_new, s[i]);
-        // Rows that see no key of this block keep -inf: exp(-inf - -inf) is NaN, so such
-        // lanes compute with 0 instead and their probabilities come out 0.
-        const __mmask16 seen = _mm512_cmp_ps_mask(m_new, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ);
-        const __m512 m_use = _mm512_maskz_mov_ps(seen, m_new);
-        const __m512 corr = _mm512_maskz_mov_ps(seen, exp16(_mm512_sub_ps(m_old, m_use)));
-        __m512 l = _mm512_mul_ps(_mm512_loadu_ps(ml + 16), corr);
-        uint32_t* pp = (uint32_t*)sc.pp;
-        for (int64_t i = 0; i < pairs * 2; i += 2) {
-          const __m512 p0 = _mm512_maskz_mov_ps(seen & visible[i], exp16(_mm512_sub_ps(s[i], m_use)));
-          const __m512 p1 = i + 1 < n ? _mm512_maskz_mov_ps(seen & visible[i + 1], exp16(_mm512_sub_ps(s[i + 1], m_use)))
-                                      : _mm512_setzero_ps();
-          l = _mm512_add_ps(l, _mm512_add_ps(p0, p1));
-          // (p0[r], p1[r]) as a bf16 pair in lane r.
-          const __m512i b0 = _mm512_cvtepu16_epi32(f32_to_bf16(p0)), b1 = _mm512_cvtepu16_epi32(f32_to_bf16(p1));
-          _mm512_storeu_si512(pp + (i / 2) * 16, _mm512_or_si512(b0, _mm512_slli_epi32(b1, 16)));
-        }
-        _mm512_storeu_ps(ml, m_new);
-        _mm512_storeu_ps(ml + 16, l);
-        float* o = sc.ot + at * D * 16;
-        const bool rescale = _mm512_cmp_ps_mask(corr, _mm512_set1_ps(1.0f), _CMP_NEQ_OQ) != 0;
-        const uint32_t* vp = (const uint32_t*)sc.vp;
-        for (int64_t d0 = 0; d0 < D; d0 += 16) {
-          __m512 acc[16];
-          for (int64_t d = 0; d < 16; ++d) {
-            acc[d] = _mm512_loadu_ps(o + (d0 + d) * 16);
-            if (rescale) acc[d] = _mm512_mul_ps(acc[d], corr);
-          }
-          for (int64_t i = 0; i < pairs; ++i) {
-            const __m512bh pv = (__m512bh)_mm512_loadu_si512(pp + i * 16);
-            for (int64_t d = 0; d < 16; ++d)
-              acc[d] = _mm512_dpbf16_ps(acc[d], pv, (__m512bh)_mm512_set1_epi32(vp[i * D + d0 + d]));
-          }
-          for (int64_t d = 0; d < 16; ++d) _mm512_storeu_ps(o + (d0 + d) * 16, acc[d]);
-        }
+        for (int64_t d = 0; d < 16; ++d) _mm512_storeu_ps(o + (d0 + d) * 16, acc[d]);
       }
     }
   }
-  // out[row, h, :] = ot[:, lane] / l[lane].
+  // out[row, h, :] = ot[:, lane] / l[lane], for each live lane.
   uint16_t* out = (uint16_t*)a.out;
-  for (int64_t grp = 0; grp < groups; ++grp) {
-    const int64_t n_rows = imin(ROWS, rows - grp * ROWS);
-    for (int64_t g = 0; g < G; ++g) {
-      const int64_t at = grp * G + g, h = kvh * G + g;
-      const float* o = sc.ot + at * D * 16;
-      const __m512 inv = _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_loadu_ps(sc.ml + at * 32 + 16));
-      for (int64_t d = 0; d < D; ++d) _mm512_storeu_ps((float*)o + d * 16, _mm512_mul_ps(_mm512_loadu_ps(o + d * 16), inv));
-      for (int64_t r = 0; r < n_rows; ++r) {
-        uint16_t* dst = out + ((a.q_start[b] + r0 + grp * ROWS + r) * a.H + h) * D;
-        const __m512i idx = _mm512_add_epi32(_mm512_mullo_epi32(lane, _mm512_set1_epi32(16)), _mm512_set1_epi32((int32_t)r));
-        for (int64_t d = 0; d < D; d += 16)
-          _mm256_storeu_si256((__m256i*)(dst + d), f32_to_bf16(_mm512_i32gather_ps(idx, o + d * 16, 4)));
-      }
+  for (int64_t v = 0; v < vectors; ++v) {
+    float* o = sc.ot + v * D * 16;
+    const __m512 inv = _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_loadu_ps(sc.ml + v * 32 + 16));
+    for (int64_t d = 0; d < D; ++d) _mm512_storeu_ps(o + d * 16, _mm512_mul_ps(_mm512_loadu_ps(o + d * 16), inv));
+    const int64_t n_lanes = imin(LANES, lanes - v * LANES);
+    for (int64_t L = 0; L < n_lanes; ++L) {
+      const int64_t f = v * LANES + L, row = f / G, h = kvh * G + f % G;
+      uint16_t* dst = out + ((a.q_start[b] + r0 + row) * a.H + h) * D;
+      const __m512i idx = _mm512_add_epi32(_mm512_mullo_epi32(lane, _mm512_set1_epi32(16)), _mm512_set1_epi32((int32_t)L));
+      for (int64_t d = 0; d < D; d += 16)
+        _mm256_storeu_si256((__m256i*)(dst + d), f32_to_bf16(_mm512_i32gather_ps(idx, o + d * 16, 4)));
     }
   }
 }
@@ -218,7 +228,7 @@ void task(const ExtendAttnArgs& a, int64_t b, int64_t kvh, int64_t r0, int64_t r
 }  // namespace
 
 int64_t extend_attention_scratch(const ExtendAttnArgs& a) {
-  return extend_layout(EXTEND_TASK_ROWS / ROWS, a.H / a.KVH, a.D).total;
+  return extend_layout(lane_vectors(EXTEND_TASK_ROWS, a.H / a.KVH), a.D).total;
 }
 
 void extend_attention_task(const ExtendAttnArgs& a, int64_t b, int64_t kvh, int64_t r0, int64_t r1, float* scratch) {
