@@ -88,7 +88,6 @@ class ShortExtend:
     seq_lens: torch.Tensor  # int32 [T]
     prefix_lens: torch.Tensor  # int32 [B]
     extend_lens: torch.Tensor  # int32 [B]
-    rows: tuple[int, ...]  # extend_lens as numbers
     _fills: dict[int, bool] = field(default_factory=dict)
 
     def on_extend_kernel(self, kernels: ModuleType, q: torch.Tensor, k_cache: torch.Tensor) -> bool:
@@ -97,7 +96,7 @@ class ShortExtend:
             return False
         group = q.shape[1] // k_cache.shape[2]
         if group not in self._fills:
-            self._fills[group] = fills_extend_lanes(list(self.rows), group)
+            self._fills[group] = fills_extend_lanes(self.extend_lens.tolist(), group)
         return self._fills[group]
 
 
@@ -116,7 +115,6 @@ def plan_short_extend(
         torch.tensor(lens, dtype=torch.int32, device=page_table.device),
         torch.tensor(prefix_lens, dtype=torch.int32),
         counts.to(torch.int32),
-        tuple(extend_lens),
     )
 
 
