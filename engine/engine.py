@@ -200,7 +200,8 @@ class Engine:
         outputs.extend(self.scheduler.postprocess(batch, results))
         # What drafting cost this step, for the speculation gate (the whole step: drafts'
         # rows, their verification and the tokens they add to detokenize).
-        self.speculator.observe_step(batch.decode, batch.extend, time.perf_counter() - started)
+        self.speculator.observe_step(batch.decode, batch.extend, time.perf_counter() - started,
+                                     sum(len(r.token_ids) for r in results))
         return outputs
 
     def _take_inbox(self) -> list[RequestOutput]:

@@ -11,7 +11,10 @@ to pay (engine/sched/spec_policy.py): from each sequence's recent acceptance and
 measured cost of a draft token at this batch size (engine/sched/spec_stats.py). Where it
 does not pay the sequence decodes plainly and, every few steps, looks a draft up without
 verifying it (a shadow draft), so its acceptance stays known and drafting resumes when its
-text starts repeating. `always` drafts on every n-gram match, as before the gate.
+text starts repeating. A plan is verified only if its predicted speedup, scaled by what
+drafted steps near this batch size actually gave against their predictions
+(spec_stats.DraftOutcomes), still beats decoding plainly. `always` drafts on every n-gram
+match, as before the gate.
 """
 
 from __future__ import annotations
@@ -28,8 +31,8 @@ from preheat.engine.request.sampling_params import SamplingParams
 from preheat.engine.request.sequence import Sequence
 from preheat.engine.runner import BatchEntry, ModelRunner
 from preheat.engine.sample.spec_decode import NgramDrafter, NgramIndex, draft_limit
-from preheat.engine.sched.spec_policy import plan_draft_lengths
-from preheat.engine.sched.spec_stats import AcceptanceProfile, StepCosts, resolve
+from preheat.engine.sched.spec_policy import expected_speedup, plan_draft_lengths
+from preheat.engine.sched.spec_stats import AcceptanceProfile, DraftOutcomes, StepCosts, resolve
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +61,15 @@ class _SeqState:
     shadow_in: int = 0
 
 
+@dataclass
+class _Plan:
+    """What the gate expected of this step's drafts, kept until the step is timed."""
+
+    gains: dict[str, list[float]]  # by request id
+    draft_cost: float
+    sequence_cost: float
+
+
 class Speculator:
     def __init__(self, config: SpeculativeSettings, gate: GateSettings | None = None) -> None:
         self.enabled = config.speculative_method is not None
@@ -67,6 +79,8 @@ class Speculator:
         self.gate = gate or GateSettings()
         self.costs = StepCosts(self.gate.prior_draft_cost, self.gate.prior_sequence_cost, self.gate.prior_half_batch)
         self.acceptance = AcceptanceProfile(self.num_speculative_tokens, self.gate.global_decay)
+        self.outcomes = DraftOutcomes()
+        self._plan: _Plan | None = None
         self._seqs: dict[str, _SeqState] = {}
         self._indexes: dict[str, NgramIndex] = {}  # per decoding sequence, where the drafter keeps them
         self.warmup_seconds = 0.0
@@ -96,6 +110,7 @@ class Speculator:
     def _lengths(self, decoding: list[Sequence], limits: list[int]) -> list[int]:
         """The gate: draft tokens each decoding sequence may verify this step."""
         batch = len(decoding)
+        self._plan = None
         if not batch or self.costs.wants_plain(batch):
             return [0] * batch
         g = self.gate
@@ -105,12 +120,16 @@ class Speculator:
                  for s, limit in zip(decoding, limits)]
         kappa, sigma = self.costs.costs(batch)
         lengths = plan_draft_lengths(gains, batch, kappa, sigma)
+        if any(lengths) and self.outcomes.discount(batch) * expected_speedup(gains, lengths, batch, kappa, sigma) <= 1.0:
+            lengths = [0] * batch  # drafted steps here gave less than predicted: this one would not pay
         if not any(lengths) and self.costs.wants_draft_probe(batch):
             # Drafts kept out for a while: were they kept out by their cost alone (they would
             # pay at the prior's cost)? Then draft once to measure that cost again (load
             # changes; it may have been measured in a bad moment).
             prior_kappa, prior_sigma = self.costs.prior(batch)
             lengths = plan_draft_lengths(gains, batch, min(kappa, prior_kappa), min(sigma, prior_sigma))
+        if any(lengths):
+            self._plan = _Plan({s.request_id: g for s, g in zip(decoding, gains)}, kappa, sigma)
         return lengths
 
     def _lookup(self, decoding: list[Sequence], lengths: list[int], limits: list[int]) -> dict[str, list[int]]:
@@ -156,7 +175,7 @@ class Speculator:
     def _remember(self, seq: Sequence, draft: list[int]) -> None:
         state = self._seqs[seq.request_id]
         if state.pending is not None:  # a shadow overtaken by a real draft: what is known of it
-            self._observe(state, *resolve(state.pending[1], seq.all_token_ids[state.pending[0]:])[:2])
+            self._observe(state, *resolve(state.pending[1], _since(seq, *state.pending))[:2])
         state.pending = (seq.num_tokens, draft) if draft else None
 
     def _forget_left(self, running: list[Sequence]) -> None:
@@ -178,8 +197,7 @@ class Speculator:
                 continue
             if state.pending is None:
                 continue
-            start, draft = state.pending
-            known, accepted, final = resolve(draft, seq.all_token_ids[start:])
+            known, accepted, final = resolve(state.pending[1], _since(seq, *state.pending))
             if final:
                 self._observe(state, known, accepted)
                 state.pending = None
@@ -188,12 +206,33 @@ class Speculator:
         state.profile.observe(known, accepted)
         self.acceptance.observe(known, accepted)
 
-    def observe_step(self, decode: list[BatchEntry], extend: list[BatchEntry], seconds: float) -> None:
+    def observe_step(self, decode: list[BatchEntry], extend: list[BatchEntry], seconds: float,
+                     tokens: int | None = None) -> None:
         """Times a step for the gate: steps that ran only decodes and drafts (a prompt chunk
-        would make the time say nothing about either)."""
+        would make the time say nothing about either). `tokens`: what the step yielded (each
+        sequence's token plus its accepted draft tokens), to set a drafted step's outcome
+        against the gate's prediction (DraftOutcomes)."""
+        plan, self._plan = self._plan, None
         if not (self.enabled and self.gated) or any(not e.draft for e in extend):
             return
-        self.costs.observe(len(decode) + len(extend), len(extend), sum(len(e.draft or ()) for e in extend), seconds)
+        batch = len(decode) + len(extend)
+        self.costs.observe(batch, len(extend), sum(len(e.draft or ()) for e in extend), seconds)
+        plain = self.costs.plain_seconds(batch)
+        if plan is None or not extend or tokens is None or plain is None or seconds <= 0:
+            return
+        try:
+            gains = [plan.gains[e.seq.request_id] for e in extend]
+        except KeyError:
+            return  # a draft the plan did not make (the step is not the one planned)
+        predicted = expected_speedup(gains, [len(e.draft or ()) for e in extend], batch, plan.draft_cost,
+                                     plan.sequence_cost)
+        self.outcomes.observe(batch, predicted, tokens * plain / (batch * seconds))
+
+
+def _since(seq: Sequence, start: int, draft: list[int]) -> list[int]:
+    """The tokens `seq` has at a draft's positions so far (not its whole context: copying
+    that for each sequence a step cost the gate ~5 us a sequence at ~600 tokens)."""
+    return seq.token_ids(start, min(seq.num_tokens, start + len(draft)))
 
 
 def warm_speculation(

@@ -15,7 +15,7 @@ from preheat.engine.config import EngineConfig
 from preheat.engine.runner import BatchEntry
 from preheat.engine.sample.spec_decode import propose_ngram
 from preheat.engine.sched.spec_policy import draft_cost, expected_speedup, plan_draft_lengths, prior_cost
-from preheat.engine.sched.spec_stats import AcceptanceProfile, StepCosts, fit_costs, resolve
+from preheat.engine.sched.spec_stats import AcceptanceProfile, DraftOutcomes, StepCosts, fit_costs, resolve
 from preheat.engine.sched.speculation import Speculator
 
 # --- the decision -------------------------------------------------------------------------------
@@ -300,6 +300,7 @@ def drive(spec: Speculator, seqs: list[FakeSeq], streams: dict[int, list[int]], 
     for _ in range(steps):
         drafts = spec.propose(seqs)
         extend = []
+        tokens = 0
         for s in seqs:
             stream, draft = streams[s.all_token_ids[0]], drafts.get(s.request_id, [])
             take = 0
@@ -307,11 +308,11 @@ def drive(spec: Speculator, seqs: list[FakeSeq], streams: dict[int, list[int]], 
                 take += 1
             for _ in range(take + 1):
                 s.append(stream[s.num_tokens])
-            drafted, accepted = drafted + len(draft), accepted + take
+            drafted, accepted, tokens = drafted + len(draft), accepted + take, tokens + take + 1
             if draft:
                 extend.append(BatchEntry(s, s.num_computed, 1 + len(draft), True, draft))
         decode = [BatchEntry(s, s.num_computed, 1, True) for s in seqs if s.request_id not in drafts]
-        spec.observe_step(decode, extend, plain_s + per_draft_s * sum(len(d) for d in drafts.values()))
+        spec.observe_step(decode, extend, plain_s + per_draft_s * sum(len(d) for d in drafts.values()), tokens)
     return drafted, accepted
 
 
@@ -343,6 +344,45 @@ def test_right_drafts_are_verified_in_full_at_batch_eight_when_they_pay() -> Non
     drafted, accepted = drive(spec, seqs, streams, 30, 0.048, 0.0015)
     # all but the occasional plain step that refreshes the time drafts are measured against
     assert drafted >= 30 * 8 * 4 * 0.9 and accepted == drafted
+
+
+def test_drafted_steps_that_go_as_predicted_leave_the_plans_alone() -> None:
+    seqs, streams = make(8)
+    spec = speculator()
+    spec.drafter = StreamDrafter(streams, right=True)
+    drive(spec, seqs, streams, 40, 0.048, 0.0015)
+    # the stand-in's steps cost what the fit says and every draft is right: as predicted or better
+    assert spec.outcomes.discount(8) >= 0.97
+
+
+def test_where_drafted_steps_gave_less_than_predicted_the_gate_steps_aside() -> None:
+    seqs, streams = make(8)
+    spec = speculator()
+    spec.drafter = StreamDrafter(streams, right=True)
+    drive(spec, seqs, streams, 10, 0.048, 0.0015)
+    assert drive(spec, seqs, streams, 5, 0.048, 0.0015)[0] > 0
+    for _ in range(60):  # drafted steps near batch 8 gave a tenth of the speedup predicted for them
+        spec.outcomes.observe(8, 2.0, 0.2)
+    assert spec.outcomes.discount(8) < 0.3 and spec.outcomes.discount(10) < 0.3
+    assert drive(spec, seqs, streams, 20, 0.048, 0.0015)[0] == 0
+    # far from batch 8 what was seen there says nothing: a pair of sequences drafts
+    assert spec.outcomes.discount(2) == 1.0
+    assert drive(spec, seqs[:2], streams, 10, 0.012, 0.0004)[0] > 0
+
+
+def test_outcomes_weigh_recent_drafted_steps_and_pool_nearby_batch_sizes() -> None:
+    o = DraftOutcomes(decay=0.5, prior_steps=1.0, near=1.5)
+    assert o.discount(8) == 1.0
+    o.observe(8, 2.0, 1.0)
+    assert o.discount(8) == pytest.approx((1 + 1) / (1 + 2))
+    o.observe(8, 1.0, 1.0)  # the older step now counts half
+    assert o.discount(8) == pytest.approx((1 + 0.5 + 1) / (1 + 1 + 1))
+    o.observe(12, 1.0, 0.0)
+    assert o.discount(10) == pytest.approx((1 + 1.5 + 0) / (1 + 2 + 1))  # 8 and 12 are both near 10
+    assert o.discount(16) == pytest.approx((1 + 0) / (1 + 1))  # 12 is near 16, 8 is not
+    assert o.discount(3) == 1.0
+    o.observe(8, 0.0, 1.0)  # no prediction: nothing to compare
+    assert o.discount(3) == 1.0 and o.sums[8] == [1.5, 2.0]
 
 
 def test_a_sequence_kept_from_drafting_drafts_again_when_its_drafts_turn_right() -> None:
