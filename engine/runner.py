@@ -123,6 +123,7 @@ class ModelRunner:
             extend_page_table=self._page_table([e.seq for e in extend]) if extend else None,
             extend_prefix_lens=[e.start for e in extend],
             extend_lens=[e.length for e in extend],
+            verify_only=bool(extend) and all(e.draft for e in extend),
         )
         return ids_t, meta
 

@@ -7,7 +7,8 @@ step's output is the same to the bit (tests/engine/test_decode_stack.py holds it
 
 `build` makes a stack when every layer is one the stack runs — the CPU kernel backend's
 packed products, a dense SiLU-gated MLP, no q/k norm, one rank — else None (the layers run
-as before). `takes` decides per step: decode rows only, no padding, the rotary table kernel,
+as before). `takes` decides per step: decode rows only (or a speculative verify step of up to
+VERIFY_ROWS draft rows, run as decode rows: `_rows`), no padding, the rotary table kernel,
 a cache in the activations' dtype (not fp8), fewer rows than any product's dense-rows
 threshold. PREHEAT_DECODE_STACK=0 turns it off (to compare, or to step around it).
 
@@ -23,6 +24,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.nn.functional as F
 
 from preheat.engine.kernels import cpu_attention
 from preheat.engine.kernels.linear import LinearWeight
@@ -50,35 +52,84 @@ class DecodeStack:
         self.head_dense_from_rows = head_dense_from_rows
         # The pool the layer views below were taken from (held, so its identity cannot be reused).
         self._caches: tuple[Any, list[torch.Tensor], list[torch.Tensor]] | None = None
+        # A verify step's decode rows, made by takes() and used by forward() of the same step.
+        self._verify: tuple[Any, tuple[torch.Tensor, torch.Tensor]] | None = None
 
     def takes(self, ctx: StepContext, hidden: torch.Tensor, kv_pool) -> bool:
         meta = ctx.meta
         k = kv_pool.k(0)
         return (
-            meta.num_decode == ctx.rows == ctx.padded_rows > 0
+            ctx.rows == ctx.padded_rows > 0
             and ctx.rope.use_kernel
             and ctx.prepared_decode is None
             and hidden.dtype == self.dtype == k.dtype
             and k.is_contiguous()
             and (self.dense_from_rows is None or ctx.rows < self.dense_from_rows)
-            and meta.decode_page_table is not None
-            and meta.decode_page_table.dtype == torch.int32
+            and (meta.decode_page_table is None or meta.decode_page_table.dtype == torch.int32)
+            and self._rows(ctx) is not None
         )
+
+    def _rows(self, ctx: StepContext) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(page table, lengths) of the step's rows as decode rows, or None. A decode step's
+        are its own. A speculative verify step's (every extend a draft, short, its rows all
+        sampled) are the decode rows' followed by the extend's decode-row form: each new
+        token a row that sees the prefix and the tokens before it, whose keys and values
+        the stack writes for every row of a layer before any row's attention. Verify steps
+        left the stack for the layers' Python path (~12% of a plain step at batch 16 on the
+        Zen 4 host, ~15% at 8); they stay on it up to VERIFY_ROWS extend rows (decode rows
+        read a sequence's keys once a row, where the extend kernel reads them once for all
+        its rows, so many drafted sequences are better off the stack: verify_on_stack)."""
+        meta = ctx.meta
+        if meta.num_decode == ctx.rows:
+            if meta.decode_page_table is None:
+                return None
+            return meta.decode_page_table, meta.decode_seq_lens.to(torch.int32)
+        short = ctx.prepared_extend
+        if not (meta.verify_only and isinstance(short, cpu_attention.ShortExtend) and verify_on_stack(meta)):
+            return None
+        if self._verify is not None and self._verify[0] is short:
+            return self._verify[1]
+        tables, lens = [short.page_table], [short.seq_lens]
+        if meta.num_decode:
+            tables.insert(0, meta.decode_page_table)
+            lens.insert(0, meta.decode_seq_lens.to(torch.int32))
+        width = max(t.shape[1] for t in tables)
+        table = torch.cat([F.pad(t, (0, width - t.shape[1])) for t in tables]) if len(tables) > 1 else tables[0]
+        rows = (table.to(torch.int32).contiguous(), torch.cat(lens) if len(lens) > 1 else lens[0])
+        self._verify = (short, rows)
+        return rows
 
     def forward(self, hidden: torch.Tensor, ctx: StepContext, kv_pool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(the final norm's rows, the float32 logits) when the stack holds the
         model's head (set_head, see build) and the rows are below its dense threshold; else
         (the last layer's output, None), which the model normalizes itself."""
         meta = ctx.meta
+        rows = self._rows(ctx)
+        assert rows is not None, "forward called on a step the stack does not take"
+        self._verify = None
         if self._caches is None or self._caches[0] is not kv_pool:
             n = self.native.num_layers
             self._caches = (kv_pool, [kv_pool.k(i) for i in range(n)], [kv_pool.v(i) for i in range(n)])
         _, ks, vs = self._caches
-        args = (hidden, ctx.rope.table, ctx.rope.positions, meta.slots, ks, vs, meta.decode_page_table,
-                meta.decode_seq_lens.to(torch.int32))  # fmt: skip
+        args = (hidden, ctx.rope.table, ctx.rope.positions, meta.slots, ks, vs, *rows)
         if self.native.has_head and (self.head_dense_from_rows is None or ctx.rows < self.head_dense_from_rows):
             return self.native.forward_logits(*args)
         return self.native.forward(*args), None
+
+
+# A verify step runs on the stack where its drafted sequences bring at most this many rows
+# in all (PREHEAT_VERIFY_STACK_ROWS overrides; 0 keeps verify steps off the stack). Measured
+# on the Zen 4 host, bf16 SmolLM2, contexts ~300-600, 4-token drafts (5 rows a sequence):
+# at batch 8 a step drafting 1 / 2 / 4 / 8 sequences took 18.3 / 21.6 / 28.0 / 43.4 ms off
+# the stack and 15.3 / 18.5 / 25.2 / 40.3 ms on it (a plain step ~12); at batch 16, 1 / 4 / 8
+# sequences 23.8 / 34.0 / 45.2 ms off, 21.7 / 30.6 / 45.3 on (plain ~18), and 16 sequences
+# no faster on it.
+VERIFY_ROWS = int(os.environ.get("PREHEAT_VERIFY_STACK_ROWS", "40"))
+
+
+def verify_on_stack(meta) -> bool:
+    """Whether a verify step's extend rows are few enough to run as decode rows on the stack."""
+    return 0 < sum(meta.extend_lens) <= VERIFY_ROWS
 
 
 def _linear_spec(w: LinearWeight) -> tuple | None:

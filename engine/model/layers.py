@@ -36,6 +36,9 @@ class AttentionMetadata:
     extend_page_table: torch.Tensor | None  # int32 [num_extend_seqs, max_pages]
     extend_prefix_lens: list[int]
     extend_lens: list[int]
+    # Every extend is a draft's verification (each of its rows is sampled): the CPU decode
+    # stack may then run the step as decode rows (engine/model/decode_stack.py).
+    verify_only: bool = False
 
 
 @dataclass

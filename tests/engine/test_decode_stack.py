@@ -9,7 +9,7 @@ import torch
 from tiny_models import build_tiny_model
 
 from preheat.engine import LLM, SamplingParams
-from preheat.engine.kernels import cpu_ext
+from preheat.engine.kernels import cpu_attention, cpu_ext
 from preheat.engine.model import decode_stack
 
 kernels = cpu_ext.load()
@@ -124,6 +124,61 @@ def test_the_logits_of_a_stacked_step_are_handed_out_once(monkeypatch, llama_hd6
     assert torch.equal(model.logits(hidden), torch.ones(2, 7))  # the same rows: handed out
     assert model.logits(hidden).shape[1] == llm.engine.model_config.vocab_size  # then multiplied afresh
     assert heads[0] == 3
+
+
+class RepeatDrafter:
+    """Drafts the last token again, 1 to 4 times by the context's length: a draft every
+    step, of varied lengths, whatever the random model says."""
+
+    def propose(self, token_ids: list[int], num_tokens: int) -> list[int]:
+        return [token_ids[-1]] * min(num_tokens, 1 + len(token_ids) % 4)
+
+
+def verify_steps(monkeypatch, model_dir, stacked: bool, rows: int) -> tuple[list[torch.Tensor], list[list[int]], int]:
+    """The final hidden states of every speculative verify step of three greedy requests
+    (a draft every step, `always`), their outputs, and how many verify steps the stack ran. Off the stack a verify step's attention runs as decode rows here (the extend
+    kernel is kept out), the form the stack runs it in."""
+    monkeypatch.setenv(decode_stack.ENV_SWITCH, "1" if stacked else "0")
+    monkeypatch.setattr(decode_stack, "VERIFY_ROWS", rows)
+    monkeypatch.setattr(cpu_attention, "EXTEND_KERNEL_MIN_FILL", 17)  # no lanes fill: decode rows
+    llm = LLM(model=str(model_dir), max_total_tokens=4096, page_size=16, dtype="bfloat16",
+              speculative_method="ngram", speculative_gate="always", num_speculative_tokens=4)  # fmt: skip
+    llm.engine.speculator.drafter = RepeatDrafter()
+    model = llm.engine.model
+    seen: list[torch.Tensor] = []
+    stack_calls = [0]
+    forward = model.forward
+
+    def recording(input_ids, meta, kv_pool):
+        out = forward(input_ids, meta, kv_pool)
+        if meta.verify_only:
+            seen.append(out.clone())
+        return out
+
+    model.forward = recording
+    if model.decode_stack is not None:
+        native_forward = model.decode_stack.forward
+
+        def counted(hidden, ctx, kv_pool):
+            stack_calls[0] += ctx.meta.verify_only
+            return native_forward(hidden, ctx, kv_pool)
+
+        model.decode_stack.forward = counted
+    prompts = [list(range(300, 316)) * 4, list(range(1000, 1010)) * 5, [7, 8, 9] * 9]
+    outs = llm.generate(prompts, SamplingParams(max_tokens=24, temperature=0, ignore_eos=True))
+    return seen, [o.token_ids for o in outs], stack_calls[0]
+
+
+def test_verify_steps_run_on_the_stack_as_decode_rows_with_the_same_bits(monkeypatch, llama_hd64):
+    stacked, stacked_out, calls = verify_steps(monkeypatch, llama_hd64, True, rows=64)
+    plain, plain_out, _ = verify_steps(monkeypatch, llama_hd64, False, rows=64)
+    assert calls == len(stacked) > 0  # every verify step went through the stack
+    assert stacked_out == plain_out and len(stacked) == len(plain)
+    for a, b in zip(stacked, plain, strict=True):
+        assert torch.equal(a, b)
+    # With VERIFY_ROWS 0 the verify steps leave the stack, as before
+    _, off_out, off_calls = verify_steps(monkeypatch, llama_hd64, True, rows=0)
+    assert off_calls == 0 and off_out == plain_out
 
 
 def test_biases_ride_along(monkeypatch, qwen2):
