@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from preheat.engine.kernels import cpu_attention
 from preheat.engine.kernels.linear import LinearWeight
-from preheat.engine.model.layers import DenseMLP, StepContext
+from preheat.engine.model.layers import AttentionMetadata, DenseMLP, StepContext
 
 if TYPE_CHECKING:
     from preheat.engine.model.decoder import DecoderModel
@@ -127,7 +127,7 @@ class DecodeStack:
 VERIFY_ROWS = int(os.environ.get("PREHEAT_VERIFY_STACK_ROWS", "40"))
 
 
-def verify_on_stack(meta) -> bool:
+def verify_on_stack(meta: AttentionMetadata) -> bool:
     """Whether a verify step's extend rows are few enough to run as decode rows on the stack."""
     return 0 < sum(meta.extend_lens) <= VERIFY_ROWS
 
