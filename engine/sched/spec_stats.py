@@ -191,12 +191,12 @@ class DraftOutcomes:
     The gate predicts a plan's speedup from each sequence's acceptance and the fitted
     prices, and both lean optimistic where it matters. The sequences it picks are those
     whose acceptance looks best, so their estimates lean high (the winner's curse). And a
-    drafted step has a fixed cost of its own (on the CPU it leaves the one-call decode
-    stack and pays the verify path's set-up; on a GPU it leaves the CUDA graphs) that the
-    fit spreads over the drafted sequences, so a step drafting one or two is priced low:
-    on the Zen 4 host at batch 16 (bf16) one sequence's 4-token draft added 41% to the
-    step, each further one ~12%. Measured there on edits at batch 16, the steps the gate
-    drafted were predicted 1.03-1.09x and gave 0.93-0.97x.
+    drafted step can have a fixed cost of its own (on a GPU it leaves the CUDA graphs; on
+    the CPU, before verify steps ran on the decode stack, it left the stack) that the fit
+    spreads over the drafted sequences, so a step drafting one or two is priced low: on
+    the Zen 4 host at batch 16 (bf16, off the stack) one sequence's 4-token draft added 41%
+    to the step, each further one ~12%. Measured there on edits at batch 16, the steps the
+    gate drafted were predicted 1.03-1.09x and gave 0.93-0.97x.
 
     So each drafted step's realized speedup — its tokens over its time, against the batch's
     tokens over a plain step's time — is set against its prediction, and the gate verifies
