@@ -7,8 +7,8 @@ step's output is the same to the bit (tests/engine/test_decode_stack.py holds it
 
 `build` makes a stack when every layer is one the stack runs — the CPU kernel backend's
 packed products, a dense SiLU-gated MLP, no q/k norm, one rank — else None (the layers run
-as before). `takes` decides per step: decode rows only (or a speculative verify step of up to
-VERIFY_ROWS draft rows, run as decode rows: `_rows`), no padding, the rotary table kernel,
+as before). `rows` decides per step: decode rows only (or a speculative verify step of up to
+VERIFY_ROWS draft rows, run as decode rows: `_decode_rows`), no padding, the rotary table kernel,
 a cache in the activations' dtype (not fp8), fewer rows than any product's dense-rows
 threshold. PREHEAT_DECODE_STACK=0 turns it off (to compare, or to step around it).
 
@@ -52,13 +52,12 @@ class DecodeStack:
         self.head_dense_from_rows = head_dense_from_rows
         # The pool the layer views below were taken from (held, so its identity cannot be reused).
         self._caches: tuple[Any, list[torch.Tensor], list[torch.Tensor]] | None = None
-        # A verify step's decode rows, made by takes() and used by forward() of the same step.
-        self._verify: tuple[Any, tuple[torch.Tensor, torch.Tensor]] | None = None
-
-    def takes(self, ctx: StepContext, hidden: torch.Tensor, kv_pool) -> bool:
+    def rows(self, ctx: StepContext, hidden: torch.Tensor, kv_pool) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The step's rows as the stack runs them, (page table, lengths), when it takes the
+        step; else None (the layers run it)."""
         meta = ctx.meta
         k = kv_pool.k(0)
-        return (
+        if not (
             ctx.rows == ctx.padded_rows > 0
             and ctx.rope.use_kernel
             and ctx.prepared_decode is None
@@ -66,10 +65,11 @@ class DecodeStack:
             and k.is_contiguous()
             and (self.dense_from_rows is None or ctx.rows < self.dense_from_rows)
             and (meta.decode_page_table is None or meta.decode_page_table.dtype == torch.int32)
-            and self._rows(ctx) is not None
-        )
+        ):
+            return None
+        return self._decode_rows(ctx)
 
-    def _rows(self, ctx: StepContext) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def _decode_rows(self, ctx: StepContext) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(page table, lengths) of the step's rows as decode rows, or None. A decode step's
         are its own. A speculative verify step's (every extend a draft, short, its rows all
         sampled) are the decode rows' followed by the extend's decode-row form: each new
@@ -87,26 +87,21 @@ class DecodeStack:
         short = ctx.prepared_extend
         if not (meta.verify_only and isinstance(short, cpu_attention.ShortExtend) and verify_on_stack(meta)):
             return None
-        if self._verify is not None and self._verify[0] is short:
-            return self._verify[1]
         tables, lens = [short.page_table], [short.seq_lens]
         if meta.num_decode:
             tables.insert(0, meta.decode_page_table)
             lens.insert(0, meta.decode_seq_lens.to(torch.int32))
         width = max(t.shape[1] for t in tables)
         table = torch.cat([F.pad(t, (0, width - t.shape[1])) for t in tables]) if len(tables) > 1 else tables[0]
-        rows = (table.to(torch.int32).contiguous(), torch.cat(lens) if len(lens) > 1 else lens[0])
-        self._verify = (short, rows)
-        return rows
+        return table.to(torch.int32).contiguous(), torch.cat(lens) if len(lens) > 1 else lens[0]
 
-    def forward(self, hidden: torch.Tensor, ctx: StepContext, kv_pool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(the final norm's rows, the float32 logits) when the stack holds the
-        model's head (set_head, see build) and the rows are below its dense threshold; else
-        (the last layer's output, None), which the model normalizes itself."""
+    def forward(self, hidden: torch.Tensor, ctx: StepContext, kv_pool,
+                rows: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+        """`rows`: what `rows()` gave for this step. (the final norm's rows, the float32
+        logits) when the stack holds the model's head (set_head, see build) and the rows are
+        below its dense threshold; else (the last layer's output, None), which the model
+        normalizes itself."""
         meta = ctx.meta
-        rows = self._rows(ctx)
-        assert rows is not None, "forward called on a step the stack does not take"
-        self._verify = None
         if self._caches is None or self._caches[0] is not kv_pool:
             n = self.native.num_layers
             self._caches = (kv_pool, [kv_pool.k(i) for i in range(n)], [kv_pool.v(i) for i in range(n)])

@@ -154,8 +154,9 @@ class DecoderModel:
             ),
         )
         self._step_logits = None
-        if self.decode_stack is not None and self.decode_stack.takes(ctx, h, kv_pool):
-            h, logits = self.decode_stack.forward(h, ctx, kv_pool)
+        stacked = self.decode_stack.rows(ctx, h, kv_pool) if self.decode_stack is not None else None
+        if stacked is not None:
+            h, logits = self.decode_stack.forward(h, ctx, kv_pool, stacked)
             if logits is not None:  # the stack ran the final norm and the head as well
                 self._step_logits = (h, logits)
                 return h

@@ -65,7 +65,7 @@ class _SeqState:
 class _Plan:
     """What the gate expected of this step's drafts, kept until the step is timed."""
 
-    gains: dict[str, list[float]]  # by request id
+    gains: dict[str, list[float]]  # of the sequences it let draft, by request id
     draft_cost: float
     sequence_cost: float
 
@@ -129,7 +129,7 @@ class Speculator:
             prior_kappa, prior_sigma = self.costs.prior(batch)
             lengths = plan_draft_lengths(gains, batch, min(kappa, prior_kappa), min(sigma, prior_sigma))
         if any(lengths):
-            self._plan = _Plan({s.request_id: g for s, g in zip(decoding, gains)}, kappa, sigma)
+            self._plan = _Plan({s.request_id: g for s, g, n in zip(decoding, gains, lengths) if n}, kappa, sigma)
         return lengths
 
     def _lookup(self, decoding: list[Sequence], lengths: list[int], limits: list[int]) -> dict[str, list[int]]:

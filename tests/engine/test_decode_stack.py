@@ -159,9 +159,9 @@ def verify_steps(monkeypatch, model_dir, stacked: bool, rows: int) -> tuple[list
     if model.decode_stack is not None:
         native_forward = model.decode_stack.forward
 
-        def counted(hidden, ctx, kv_pool):
+        def counted(hidden, ctx, kv_pool, rows):
             stack_calls[0] += ctx.meta.verify_only
-            return native_forward(hidden, ctx, kv_pool)
+            return native_forward(hidden, ctx, kv_pool, rows)
 
         model.decode_stack.forward = counted
     prompts = [list(range(300, 316)) * 4, list(range(1000, 1010)) * 5, [7, 8, 9] * 9]
