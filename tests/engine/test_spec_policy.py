@@ -174,6 +174,30 @@ def test_the_fit_keeps_the_prior_split_when_drafts_all_have_one_length() -> None
     assert per_token >= 0 and per_seq >= 0
 
 
+def test_prices_follow_every_drafted_step_while_the_window_fills_and_lag_it_by_an_eighth_once_full() -> None:
+    c = StepCosts(prior_draft_cost=0.25, prior_sequence_cost=0.5, window=32)
+    for _ in range(3):
+        c.observe(8, 0, 0, 0.048)
+    rng = random.Random(3)
+    windows: list[list[tuple[int, int, float]]] = []  # the window after each drafted step
+    for i in range(48):
+        d, k = rng.randint(1, 8), rng.randint(1, 32)
+        c.observe(8, d, k, 0.048 + d * 0.003 * (1 + i / 16) + k * 0.0015)  # dearer and dearer
+        windows.append(list(c.drafted))
+        unit = 0.048 / 8
+        prices = tuple(x * unit for x in c.costs(8))
+        fits = [fit_costs(w, 0.25 * unit, 0.5 * unit, c.prior_samples) for w in windows[-4:]]
+        fresh = fits[-1]
+        if len(windows[-1]) < 8:
+            assert prices == pytest.approx(fresh)  # each of the first samples moves the prices
+        else:  # one of the last max(1, len / 8) windows' fits, no older
+            lag = max(1, len(windows[-1]) // 8)
+            assert any(prices == pytest.approx(f) for f in fits[-lag:])
+        if i == 8:
+            early = c.costs(8)
+    assert c.costs(8)[1] > 1.5 * early[1]  # a sequence's price followed drafts growing dearer
+
+
 def test_one_odd_drafted_step_does_not_by_itself_keep_drafts_out() -> None:
     c = StepCosts(prior_draft_cost=0.25, prior_sequence_cost=0.25, prior_samples=2)
     for _ in range(3):
