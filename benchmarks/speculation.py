@@ -5,6 +5,10 @@ drafts only where expected to pay), side by side in one process.
 Workloads:
 - edits: "rewrite this code" over real source files (functions of this repository), where
   the answer repeats most of the prompt, so prompt-lookup drafts hit;
+- rag: retrieval-augmented answers: three passages of this repository's docs/ as numbered
+  context and a question asking what one of them says, quoting it (greedy), so the answer
+  copies runs of the context (this small model also falls into loops after a sentence or
+  two, which drafts hit as well);
 - synthetic: prompts of random words (as guidellm's synthetic data), sampled at
   temperature 1 with a seed per request and the end-of-sequence token ignored, so the answer
   is new text of a fixed length where drafts seldom hit. (Greedy, this small model either
@@ -26,6 +30,7 @@ import argparse
 import inspect
 import os
 import random
+import re
 import statistics
 import sys
 import time
@@ -62,6 +67,34 @@ def edit_prompts(tok, n: int) -> list[list[int]]:
         src = sources[i % len(sources)]
         text = f"{EDITS[i % len(EDITS)]}\n\n```python\n{src[:2400]}```"
         out.append(chat(tok, text))
+    return out
+
+
+RAG_INSTRUCTION = (
+    "Answer the question using only the context below. Quote the context word for word where it answers."
+)
+
+
+def doc_passages() -> list[str]:
+    """Prose paragraphs of this repository's docs/ (300-900 characters; no headings, lists,
+    tables or code), in a fixed order."""
+    out = []
+    for path in sorted((Path(__file__).resolve().parent.parent / "docs").glob("*.md")):
+        for block in re.split(r"\n\s*\n", path.read_text()):
+            text = " ".join(block.split())
+            if 300 < len(text) < 900 and not text.startswith(("#", "|", "```", "-", "*", ">", "1.")):
+                out.append(text)
+    return out
+
+
+def rag_prompts(tok, n: int) -> list[list[int]]:
+    """n chat prompts: three numbered passages as context, then a question on one of them."""
+    passages = doc_passages()
+    out = []
+    for i in range(n):
+        context = "\n".join(f"[{j + 1}] {passages[(7 * i + 13 * j) % len(passages)]}" for j in range(3))
+        question = f"What does passage [{1 + i % 3}] say? Quote it."
+        out.append(chat(tok, f"{RAG_INSTRUCTION}\n\nContext:\n{context}\n\nQuestion: {question}"))
     return out
 
 
@@ -143,10 +176,13 @@ def run_once(engine: Engine, workload: str, prompts: list[list[int]], max_tokens
     )
 
 
+WORKLOADS = {"edits": edit_prompts, "rag": rag_prompts, "synthetic": synthetic_prompts}
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser()
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8])
-    ap.add_argument("--workloads", nargs="+", default=["edits", "synthetic"], choices=["edits", "synthetic"])
+    ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--num-speculative-tokens", type=int, default=4)
@@ -167,7 +203,7 @@ def main() -> int:
     common["quantization"] = args.quantization
     engines = {label: Engine(EngineConfig(**common, **extra)) for label, extra in SIDES}
     tok = next(iter(engines.values())).tokenizer
-    make = {"edits": edit_prompts, "synthetic": synthetic_prompts}
+    make = WORKLOADS
     runs: dict[tuple[str, int, str], list[Run]] = {}
     loads: list[float] = []
     for workload in args.workloads:
@@ -203,7 +239,7 @@ def render(args, runs, labels, load_before, load_after, loads, seconds) -> str:
         f"SmolLM2-135M-Instruct (the embedded GGUF), bf16{', ' + args.quantization if args.quantization != 'none' else ''}, "
         f"CPU, {torch.get_num_threads()} torch threads, ngram drafts of up to {args.num_speculative_tokens} tokens. "
         f"Written by `benchmarks/speculation.py`: three engines in one process, {args.rounds} rounds, the sides "
-        f"alternating (first side rotating each round), up to {args.max_tokens} tokens a request (edits: greedy; "
+        f"alternating (first side rotating each round), up to {args.max_tokens} tokens a request (edits, rag: greedy; "
         "synthetic: sampled at temperature 1, seeded, end-of-sequence ignored), "
         "each run from an empty prefix cache; medians over the rounds.",
         "",
