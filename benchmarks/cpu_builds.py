@@ -49,7 +49,10 @@ def measure(args: argparse.Namespace) -> list[dict]:
     def make_engine(name: str, dtype: str) -> Engine:
         os.environ[backend.ENV_OVERRIDE] = name  # "cpu": refuse a silent fallback to the reference
         try:
-            return Engine(EngineConfig(dtype=dtype, max_total_tokens=32768, max_num_seqs=64, quantization="none"))
+            engine = Engine(EngineConfig(dtype=dtype, max_total_tokens=32768, max_num_seqs=64, quantization="none"))
+            if engine.weight_move is not None:  # the weights in huge pages, as a server has them
+                engine.weight_move.finish()
+            return engine
         finally:
             os.environ.pop(backend.ENV_OVERRIDE)
 

@@ -83,8 +83,8 @@ class EngineSide:
         self.backend_name = backend_name
         with backend(backend_name):
             self.engine = Engine(EngineConfig(max_total_tokens=65536, max_num_seqs=64, **config))
-        if self.engine.weight_move is not None:  # as a server does once ready (weights into huge pages)
-            self.engine.weight_move.start()
+        if self.engine.weight_move is not None:  # weights into huge pages, as a server has them once it
+            self.engine.weight_move.finish()  # serves; here before the first measured step
         self.forward_times: list[float] = []
         self.context_tokens: list[int] = []  # KV tokens the batch reads, per measured step
         runner = self.engine.runner

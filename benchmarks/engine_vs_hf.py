@@ -303,6 +303,8 @@ def main() -> int:
 
     # quantization="none": the same (dequantized) weights transformers reads from the GGUF
     engine = Engine(EngineConfig(dtype=args.dtype, max_total_tokens=65536, max_num_seqs=64, quantization="none"))
+    if engine.weight_move is not None:  # the weights in huge pages, as a server has them once it serves
+        engine.weight_move.finish()
     tok = engine.tokenizer
     system_tokens = len(tok.encode(SYSTEM_PROMPT))
     print(f"system prompt: {system_tokens} tokens; threads: {torch.get_num_threads()}", file=sys.stderr)

@@ -58,6 +58,8 @@ class Side:
 
     def __init__(self, **config) -> None:
         self.engine = Engine(EngineConfig(max_total_tokens=POOL_TOKENS, max_num_seqs=16, **config))
+        if self.engine.weight_move is not None:  # the weights in huge pages, as a server has them
+            self.engine.weight_move.finish()
         self.acc: dict[str, float] = defaultdict(float)
         self.rng = random.Random(0)
         self.prefix = self.fresh(640)

@@ -162,3 +162,19 @@ def test_an_engine_swaps_its_matrices_in_at_a_step_and_serves_the_same_tokens(ti
     if stack is not None:  # the same stack object, its native one rebuilt over the new tensors
         assert model.decode_stack is stack and stack.native is not old_native
     assert [r.token_ids for r in llm.generate(prompts, params)] == expected
+
+
+def test_finish_puts_the_weights_in_place_before_the_next_step(tiny_llama_dir, monkeypatch):
+    """What a benchmark stepping an Engine itself calls: the move started, copied and swapped
+    in by the time it returns (LLM(...) and a server only start it)."""
+    monkeypatch.setenv("PREHEAT_HUGE_PAGES", "1")
+    llm = LLM(model=str(tiny_llama_dir), weight_cache_dir="off", max_total_tokens=512, page_size=4)
+    model, move = llm.engine.model, llm.engine.weight_move
+    placed = move.finish(30)
+    if weight_arena.why_not() is not None:  # this machine gives no huge pages: nothing moves
+        assert not placed and model.weight_arena is None
+        return
+    assert placed and move.applied and move.finished
+    for w in model.matrices():
+        assert all(weight_arena.holder(t) is model.weight_arena for t in linear.stored(w).values())
+    assert move.finish(30)  # again: nothing more to do, still in place
