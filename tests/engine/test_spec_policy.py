@@ -379,6 +379,23 @@ def test_drafted_steps_that_go_as_predicted_leave_the_plans_alone() -> None:
     assert spec.outcomes.discount(8) >= 0.97
 
 
+def test_a_plan_expected_to_gain_under_three_percent_is_not_verified() -> None:
+    seqs, streams = make(8)
+    spec = speculator()
+    spec.drafter = StreamDrafter(streams, right=True)
+    drive(spec, seqs, streams, 40, 0.048, 0.003)  # drafts pay well here: every sequence drafts
+    g = spec.gate
+    prior = spec.acceptance.gains(4, [g.prior_acceptance] * 4, g.prior_weight)
+    gains = [spec._seqs[s.request_id].profile.gains(4, prior, g.prior_weight) for s in seqs]
+    kappa, sigma = spec.costs.costs(8)
+    predicted = expected_speedup(gains, plan_draft_lengths(gains, 8, kappa, sigma), 8, kappa, sigma)
+    assert g.min_step_speedup == pytest.approx(1.03)
+    for after_discount, drafts in [(1.02, False), (1.04, True)]:
+        spec.outcomes.discount = lambda batch, f=after_discount / predicted: f  # type: ignore[method-assign]
+        spec.costs.drafted_since_plain[8] = 0  # not a step kept plain to refresh its time
+        assert bool(spec.propose(seqs)) == drafts
+
+
 def test_where_drafted_steps_gave_less_than_predicted_the_gate_steps_aside() -> None:
     seqs, streams = make(8)
     spec = speculator()
