@@ -8,10 +8,12 @@ wrong here costs that sequence its draft for one step, never the request.
 
 With `--speculative-gate auto` (the default) a draft is verified only where it is expected
 to pay (engine/sched/spec_policy.py): from each sequence's recent acceptance and the
-measured cost of a draft token at this batch size (engine/sched/spec_stats.py). Where it
-does not pay the sequence decodes plainly and, every few steps, looks a draft up without
-verifying it (a shadow draft), so its acceptance stays known and drafting resumes when its
-text starts repeating. A plan is verified only if its predicted speedup, scaled by what
+measured cost of a draft token at this batch size (engine/sched/spec_stats.py). Every
+decoding sequence's draft is looked up first (a few dict reads on its n-gram index) and
+only the drafts found are planned, each priced at its own length. Where a draft does not
+pay the sequence decodes plainly and, every few steps, its draft is remembered without
+being verified (a shadow draft), so its acceptance stays known and drafting resumes when
+its text starts repeating. A plan is verified only if its predicted speedup, scaled by what
 drafted steps near this batch size actually gave against their predictions
 (spec_stats.DraftOutcomes), still beats decoding plainly. `always` drafts on every n-gram
 match, as before the gate.
@@ -111,21 +113,38 @@ class Speculator:
         self._forget_left(running)
         limits = [draft_limit(self.num_speculative_tokens, s.num_tokens, s.max_total_tokens) for s in decoding]
         if not self.gated:
-            return self._lookup(decoding, limits, limits)
+            return self._lookup(decoding, limits)
         self._track(decoding)
-        return self._lookup(decoding, self._lengths(decoding, limits), limits)
-
-    def _lengths(self, decoding: list[Sequence], limits: list[int]) -> list[int]:
-        """The gate: draft tokens each decoding sequence may verify this step."""
-        batch = len(decoding)
         self._plan = None
-        if not batch or self.costs.wants_plain(batch):
-            return [0] * batch
+        if not decoding or self.costs.wants_plain(len(decoding)):
+            for seq, limit in zip(decoding, limits):
+                self._shadow(seq, limit, None)
+            return {}
+        # Looked up before planning: where nothing matches there is nothing to plan (on text
+        # that does not repeat, planning a draft no lookup found was most of the gate's own
+        # time), and a plan priced on the draft each sequence has is priced on what it can
+        # verify, not on a full-length draft it may not have.
+        found = self._lookup(decoding, limits)
+        lengths = self._lengths(decoding, found) if found else [0] * len(decoding)
+        drafts = {}
+        for seq, n, limit in zip(decoding, lengths, limits):
+            draft = found.get(seq.request_id)
+            if n and draft:
+                drafts[seq.request_id] = draft[:n]
+                self._remember(seq, draft[:n])
+            else:
+                self._shadow(seq, limit, draft or [])
+        return drafts
+
+    def _lengths(self, decoding: list[Sequence], found: dict[str, list[int]]) -> list[int]:
+        """The gate: draft tokens each decoding sequence may verify this step, of the drafts
+        its lookup `found` (none for a sequence without one)."""
+        batch = len(decoding)
         g = self.gate
         prior = self.acceptance.gains(self.num_speculative_tokens, [g.prior_acceptance] * self.num_speculative_tokens,
                                       g.prior_weight)
-        gains = [self._seqs[s.request_id].profile.gains(limit, prior, g.prior_weight)
-                 for s, limit in zip(decoding, limits)]
+        gains = [self._seqs[s.request_id].profile.gains(len(found.get(s.request_id, ())), prior, g.prior_weight)
+                 for s in decoding]
         kappa, sigma = self.costs.costs(batch)
         lengths = plan_draft_lengths(gains, batch, kappa, sigma)
         if any(lengths) and (self.outcomes.discount(batch) * expected_speedup(gains, lengths, batch, kappa, sigma)
@@ -141,32 +160,33 @@ class Speculator:
             self._plan = _Plan({s.request_id: g for s, g, n in zip(decoding, gains, lengths) if n}, kappa, sigma)
         return lengths
 
-    def _lookup(self, decoding: list[Sequence], lengths: list[int], limits: list[int]) -> dict[str, list[int]]:
+    def _lookup(self, decoding: list[Sequence], lengths: list[int]) -> dict[str, list[int]]:
+        """Drafts of up to `lengths` tokens, by request id (none where nothing matches)."""
         drafts = {}
-        for seq, n, limit in zip(decoding, lengths, limits):
+        for seq, n in zip(decoding, lengths):
             try:
-                if n:
-                    draft = self._draft(seq, n)
-                    if draft:
-                        drafts[seq.request_id] = draft
-                    if self.gated:
-                        self._remember(seq, draft)
-                elif self.gated and limit:
-                    self._shadow(seq, limit)
+                if n and (draft := self._draft(seq, n)):
+                    drafts[seq.request_id] = draft
             except Exception:
                 log.exception("request %s: proposing a draft failed; it decodes without one", seq.request_id)
         return drafts
 
-    def _shadow(self, seq: Sequence, limit: int) -> None:
-        """A draft looked up and remembered but not verified, every few steps."""
+    def _shadow(self, seq: Sequence, limit: int, found: list[int] | None) -> None:
+        """Every few steps, a draft remembered but not verified: `found` where this step's
+        lookup gave it (None: look it up)."""
         state = self._seqs[seq.request_id]
+        if not limit:
+            return
         if state.shadow_in > 0:
             state.shadow_in -= 1
             return
         if state.pending is not None:
             return  # the last one is still being scored
         state.shadow_in = self.gate.shadow_every - 1
-        self._remember(seq, self._draft(seq, limit))
+        try:
+            self._remember(seq, self._draft(seq, limit) if found is None else found)
+        except Exception:
+            log.exception("request %s: looking up a shadow draft failed", seq.request_id)
 
     def _draft(self, seq: Sequence, n: int) -> list[int]:
         """Up to n draft tokens for `seq`: from its index (brought up to date with the tokens
@@ -226,8 +246,10 @@ class Speculator:
             return
         batch = len(decode) + len(extend)
         self.costs.observe(batch, len(extend), sum(len(e.draft or ()) for e in extend), seconds)
+        if plan is None or not extend or tokens is None or seconds <= 0:
+            return
         plain = self.costs.plain_seconds(batch)
-        if plan is None or not extend or tokens is None or plain is None or seconds <= 0:
+        if plain is None:
             return
         try:
             gains = [plan.gains[e.seq.request_id] for e in extend]

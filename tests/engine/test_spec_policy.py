@@ -316,10 +316,10 @@ def speculator(gate: str = "auto") -> Speculator:
 
 
 def drive(spec: Speculator, seqs: list[FakeSeq], streams: dict[int, list[int]], steps: int,
-          plain_s: float, per_draft_s: float) -> tuple[int, int]:
+          plain_s: float, per_draft_s: float, per_seq_s: float = 0.0) -> tuple[int, int]:
     """Steps the stand-ins as the engine would: each takes its draft's agreeing prefix plus
-    one token (or one token), and the step is timed as plain_s + per_draft_s per draft token.
-    Returns (draft tokens, accepted)."""
+    one token (or one token), and the step is timed as plain_s + per_draft_s per draft token
+    + per_seq_s per drafted sequence. Returns (draft tokens, accepted)."""
     drafted = accepted = 0
     for _ in range(steps):
         drafts = spec.propose(seqs)
@@ -336,7 +336,8 @@ def drive(spec: Speculator, seqs: list[FakeSeq], streams: dict[int, list[int]], 
             if draft:
                 extend.append(BatchEntry(s, s.num_computed, 1 + len(draft), True, draft))
         decode = [BatchEntry(s, s.num_computed, 1, True) for s in seqs if s.request_id not in drafts]
-        spec.observe_step(decode, extend, plain_s + per_draft_s * sum(len(d) for d in drafts.values()), tokens)
+        seconds = plain_s + per_draft_s * sum(len(d) for d in drafts.values()) + per_seq_s * len(drafts)
+        spec.observe_step(decode, extend, seconds, tokens)
     return drafted, accepted
 
 
@@ -354,10 +355,44 @@ def test_wrong_drafts_at_batch_eight_stop_being_verified_but_are_still_watched()
     assert early > 0  # the priors let it try
     later, _ = drive(spec, seqs, streams, 40, plain_s=0.048, per_draft_s=0.003)
     assert later == 0
-    calls = spec.drafter.calls
+    scored = []
+    spec._observe = lambda state, known, accepted: scored.append((known, accepted))  # type: ignore[method-assign]
     drive(spec, seqs, streams, 40, 0.048, 0.003)
-    # shadow lookups every few steps per sequence, not one per sequence and step
-    assert 0 < spec.drafter.calls - calls <= 40 * 8 / spec.gate.shadow_every + 8
+    # each sequence's draft is scored every few steps (a shadow: looked up, never verified)
+    every = spec.gate.shadow_every
+    assert 8 * (40 // every - 1) <= len(scored) <= 8 * (40 // every + 1)
+    assert all(accepted == 0 for _, accepted in scored)
+
+
+class HalfShortDrafter(StreamDrafter):
+    """The true continuation: as long as asked for sequences r0-r3, one token for r4-r7."""
+
+    def propose(self, token_ids: list[int], num_tokens: int) -> list[int]:
+        return super().propose(token_ids, num_tokens if token_ids[0] < 4 else min(num_tokens, 1))
+
+
+def test_a_plan_is_priced_on_the_draft_each_sequence_has() -> None:
+    seqs, streams = make(8)
+    spec = speculator()
+    spec.drafter = HalfShortDrafter(streams, right=True)
+    # A drafted sequence costs a decoded token's share, a draft token a quarter: four right
+    # tokens gain 4 for 2, one right token gains 1 for 1.25, a loss. The one-token drafts'
+    # later positions are never seen (acceptance there is the prior's, pulled up by r0-r3),
+    # so a plan priced as if each had four tokens verifies them.
+    drive(spec, seqs, streams, 20, plain_s=0.048, per_draft_s=0.0015, per_seq_s=0.006)
+    verified: dict[str, int] = {}
+    propose = spec.propose
+
+    def counted(running: list[FakeSeq]) -> dict[str, list[int]]:
+        drafts = propose(running)
+        for rid, draft in drafts.items():
+            verified[rid] = verified.get(rid, 0) + len(draft)
+        return drafts
+
+    spec.propose = counted  # type: ignore[method-assign]
+    drive(spec, seqs, streams, 60, plain_s=0.048, per_draft_s=0.0015, per_seq_s=0.006)
+    assert sum(verified.get(f"r{i}", 0) for i in range(4)) >= 60 * 4 * 4 * 0.9
+    assert sum(verified.get(f"r{i}", 0) for i in range(4, 8)) <= 4  # a probe at most
 
 
 def test_right_drafts_are_verified_in_full_at_batch_eight_when_they_pay() -> None:
