@@ -528,3 +528,33 @@ def test_the_ngram_drafter_drafts_from_each_sequences_index_as_from_its_whole_co
     assert set(spec._indexes) == {"r0", "r1", "r2"}
     spec.propose(seqs[1:])
     assert set(spec._indexes) == {"r1", "r2"}
+
+
+class FaultyDrafter(StreamDrafter):
+    """The true continuation, except that looking up r3's draft raises."""
+
+    def propose(self, token_ids: list[int], num_tokens: int) -> list[int]:
+        if token_ids[0] == 3:
+            raise RuntimeError("lookup exploded")
+        return super().propose(token_ids, num_tokens)
+
+
+@pytest.mark.parametrize("gate", ["auto", "always"])
+def test_a_lookup_that_raises_costs_only_that_sequence_its_draft(gate: str, caplog: pytest.LogCaptureFixture) -> None:
+    seqs, streams = make(4)
+    spec = speculator(gate)
+    spec.drafter = FaultyDrafter(streams, right=True)
+    verified: dict[str, int] = {}
+    propose = spec.propose
+
+    def counted(running: list[FakeSeq]) -> dict[str, list[int]]:
+        drafts = propose(running)
+        for rid, draft in drafts.items():
+            verified[rid] = verified.get(rid, 0) + len(draft)
+        return drafts
+
+    spec.propose = counted  # type: ignore[method-assign]
+    drive(spec, seqs, streams, 40, plain_s=0.02, per_draft_s=0.0002)  # drafts pay well
+    assert "r3" not in verified and all(verified.get(f"r{i}", 0) >= 40 for i in range(3))
+    assert seqs[3].num_tokens == 20 + 40  # it decoded a token every step
+    assert "lookup exploded" in caplog.text
