@@ -341,6 +341,21 @@ def drive(spec: Speculator, seqs: list[FakeSeq], streams: dict[int, list[int]], 
     return drafted, accepted
 
 
+def count_verified(spec: Speculator) -> dict[str, int]:
+    """From now on, the draft tokens each sequence is given to verify, by request id."""
+    verified: dict[str, int] = {}
+    propose = spec.propose
+
+    def counted(running: list[FakeSeq]) -> dict[str, list[int]]:
+        drafts = propose(running)
+        for rid, draft in drafts.items():
+            verified[rid] = verified.get(rid, 0) + len(draft)
+        return drafts
+
+    spec.propose = counted  # type: ignore[method-assign]
+    return verified
+
+
 def make(n: int) -> tuple[list[FakeSeq], dict[int, list[int]]]:
     streams = {i: [i] + [random.Random(i).randrange(1000, 2000) for _ in range(5000)] for i in range(n)}
     return [FakeSeq(f"r{i}", streams[i][:20]) for i in range(n)], streams
@@ -380,16 +395,7 @@ def test_a_plan_is_priced_on_the_draft_each_sequence_has() -> None:
     # later positions are never seen (acceptance there is the prior's, pulled up by r0-r3),
     # so a plan priced as if each had four tokens verifies them.
     drive(spec, seqs, streams, 20, plain_s=0.048, per_draft_s=0.0015, per_seq_s=0.006)
-    verified: dict[str, int] = {}
-    propose = spec.propose
-
-    def counted(running: list[FakeSeq]) -> dict[str, list[int]]:
-        drafts = propose(running)
-        for rid, draft in drafts.items():
-            verified[rid] = verified.get(rid, 0) + len(draft)
-        return drafts
-
-    spec.propose = counted  # type: ignore[method-assign]
+    verified = count_verified(spec)
     drive(spec, seqs, streams, 60, plain_s=0.048, per_draft_s=0.0015, per_seq_s=0.006)
     assert sum(verified.get(f"r{i}", 0) for i in range(4)) >= 60 * 4 * 4 * 0.9
     assert sum(verified.get(f"r{i}", 0) for i in range(4, 8)) <= 4  # a probe at most
@@ -544,16 +550,7 @@ def test_a_lookup_that_raises_costs_only_that_sequence_its_draft(gate: str, capl
     seqs, streams = make(4)
     spec = speculator(gate)
     spec.drafter = FaultyDrafter(streams, right=True)
-    verified: dict[str, int] = {}
-    propose = spec.propose
-
-    def counted(running: list[FakeSeq]) -> dict[str, list[int]]:
-        drafts = propose(running)
-        for rid, draft in drafts.items():
-            verified[rid] = verified.get(rid, 0) + len(draft)
-        return drafts
-
-    spec.propose = counted  # type: ignore[method-assign]
+    verified = count_verified(spec)
     drive(spec, seqs, streams, 40, plain_s=0.02, per_draft_s=0.0002)  # drafts pay well
     assert "r3" not in verified and all(verified.get(f"r{i}", 0) >= 40 for i in range(3))
     assert seqs[3].num_tokens == 20 + 40  # it decoded a token every step
