@@ -53,7 +53,7 @@ class GateSettings:
     prior_weight: float = 1.0  # pseudo-observations a sequence's estimate starts from
     sequence_decay: float = 0.8  # a sequence's recent drafts count most
     global_decay: float = 0.98  # across sequences: the prior of a new one
-    shadow_every: int = 4  # steps between shadow lookups of a sequence kept from drafting
+    shadow_every: int = 4  # steps between shadow drafts scored for a sequence kept from drafting
     # A plan is verified only when its predicted speedup, scaled by what drafted steps gave
     # against their predictions (DraftOutcomes), passes this: a drafted step's outcome
     # scatters widely around its prediction (0.5-1.5x at batch 16), so a plan predicted to
@@ -174,9 +174,9 @@ class Speculator:
     def _shadow(self, seq: Sequence, limit: int, found: list[int] | None) -> None:
         """Every few steps, a draft remembered but not verified: `found` where this step's
         lookup gave it (None: look it up)."""
-        state = self._seqs[seq.request_id]
         if not limit:
             return
+        state = self._seqs[seq.request_id]
         if state.shadow_in > 0:
             state.shadow_in -= 1
             return
