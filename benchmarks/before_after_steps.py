@@ -152,6 +152,7 @@ def measure(configs: list[Config], args: argparse.Namespace) -> list[Result]:
 SETTINGS: dict[str, tuple[str, dict]] = {
     "bf16": ("bf16", {"dtype": "bfloat16", "quantization": "none"}),
     "int8": ("int8 (the GGUF's blocks in place)", {"dtype": "bfloat16", "quantization": "int8"}),
+    "bf16-fp8-kv": ("bf16, fp8 KV cache", {"dtype": "bfloat16", "quantization": "none", "kv_cache_dtype": "fp8"}),
 }
 
 
@@ -220,7 +221,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--after", required=True)
     ap.add_argument("--rounds", type=int, default=8, help="rounds per configuration and session")
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 16])
-    ap.add_argument("--settings", nargs="+", choices=list(SETTINGS), default=list(SETTINGS))
+    ap.add_argument("--settings", nargs="+", choices=list(SETTINGS), default=["bf16", "int8"])
     ap.add_argument("--no-chat", dest="chat", action="store_false", help="decode steps only")
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--steps", type=int, default=24, help="timed decode steps per round and side")

@@ -12,7 +12,7 @@ from types import ModuleType
 
 import torch
 
-from preheat.engine.kernels import cpu_attention, cpu_ext, int8, linear, reference
+from preheat.engine.kernels import cpu_attention, cpu_ext, int8, kv_fp8, linear, reference
 from preheat.engine.kernels.fused import RopeInputs
 from preheat.engine.kernels.linear import LinearWeight
 from preheat.engine.kernels.torch_backend import TorchBackend
@@ -122,11 +122,21 @@ class CpuKernelBackend(TorchBackend):
 
     def rope_write_kv(self, qkv, rows: int, rope: RopeInputs, k_cache, v_cache, slots, num_heads: int,
                       num_kv_heads: int, head_dim: int, qk=None) -> torch.Tensor:  # fmt: skip
-        if rope.use_kernel and qkv.dtype == k_cache.dtype and qkv.stride(-1) == 1 and k_cache.is_contiguous():
+        fp8 = kv_fp8.is_fp8_kv(k_cache)
+        if rope.use_kernel and (qkv.dtype == k_cache.dtype or fp8) and qkv.stride(-1) == 1 and k_cache.is_contiguous():
             if qk is not None:
                 qk_size = (num_heads + num_kv_heads) * head_dim
                 qkv = torch.cat((qk.reshape(qkv.shape[0], qk_size), qkv[:, qk_size:]), dim=1)
+            # An fp8 cache is written by the kernel too, each value x / scale rounded as
+            # kv_fp8.store rounds it (the same bytes).
+            scales = (_scale(k_cache), _scale(v_cache)) if fp8 else (1.0, 1.0)
             return self.kernels.rope_kv(
-                qkv, rows, num_heads, num_kv_heads, rope.table, rope.positions, slots, k_cache, v_cache
+                qkv, rows, num_heads, num_kv_heads, rope.table, rope.positions, slots, k_cache, v_cache, *scales
             )
         return super().rope_write_kv(qkv, rows, rope, k_cache, v_cache, slots, num_heads, num_kv_heads, head_dim, qk)
+
+
+def _scale(cache: torch.Tensor) -> float:
+    """An fp8 cache's scale as a number (a view without one stores values as they are)."""
+    scale = kv_fp8.scale_of(cache)
+    return 1.0 if scale is None else float(scale)

@@ -47,7 +47,7 @@ class RopeInputs:
 
     def cos_sin(self) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and signed sin of the rows, worked out on first use where the kernel had the
-        table instead (an fp8 cache takes the PyTorch path: the kernel writes the model dtype)."""
+        table instead (a step the kernel does not take runs the PyTorch path)."""
         if not hasattr(self, "cos"):
             self.cos, self.sin = self._rope(self.positions)
         return self.cos, self.sin

@@ -9,8 +9,8 @@ step's output is the same to the bit (tests/engine/test_decode_stack.py holds it
 packed products, a dense SiLU-gated MLP, no q/k norm, one rank — else None (the layers run
 as before). `rows` decides per step: decode rows only (or a speculative verify step of up to
 VERIFY_ROWS draft rows, run as decode rows: `_decode_rows`), no padding, the rotary table kernel,
-a cache in the activations' dtype (not fp8), fewer rows than any product's dense-rows
-threshold. PREHEAT_DECODE_STACK=0 turns it off (to compare, or to step around it).
+a cache in the activations' dtype or fp8 (its scales handed to the stack with the pool's
+views), fewer rows than any product's dense-rows threshold. PREHEAT_DECODE_STACK=0 turns it off (to compare, or to step around it).
 
 Where the model's LM head is such a packed product too, the stack also runs the final norm
 and the head in the same call: the step's logits come back with its hidden states, and
@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
-from preheat.engine.kernels import cpu_attention
+from preheat.engine.kernels import cpu_attention, kv_fp8
 from preheat.engine.kernels.linear import LinearWeight
 from preheat.engine.model.layers import AttentionMetadata, DenseMLP, StepContext
 
@@ -61,7 +61,8 @@ class DecodeStack:
             ctx.rows == ctx.padded_rows > 0
             and ctx.rope.use_kernel
             and ctx.prepared_decode is None
-            and hidden.dtype == self.dtype == k.dtype
+            and hidden.dtype == self.dtype
+            and (k.dtype == hidden.dtype or kv_fp8.is_fp8_kv(k))
             and k.is_contiguous()
             and (self.dense_from_rows is None or ctx.rows < self.dense_from_rows)
             and (meta.decode_page_table is None or meta.decode_page_table.dtype == torch.int32)
@@ -105,6 +106,8 @@ class DecodeStack:
         if self._caches is None or self._caches[0] is not kv_pool:
             n = self.native.num_layers
             self._caches = (kv_pool, [kv_pool.k(i) for i in range(n)], [kv_pool.v(i) for i in range(n)])
+            # An fp8 pool's scales, held by the stack (calibration rewrites them in place).
+            self.native.set_kv_scales(getattr(kv_pool, "scales", None))
         _, ks, vs = self._caches
         args = (hidden, ctx.rope.table, ctx.rope.positions, meta.slots, ks, vs, *rows)
         if self.native.has_head and (self.head_dense_from_rows is None or ctx.rows < self.head_dense_from_rows):

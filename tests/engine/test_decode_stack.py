@@ -1,6 +1,6 @@
 """A decode step's layers in one C++ call (engine/model/decode_stack.py) give the very bits
 the layers give one kernel call at a time, for every kind of packed weight; layers the stack
-does not run (q/k norm) and steps it does not take (an fp8 cache, prompts) keep the old path."""
+does not run (q/k norm) and steps it does not take (prompts) keep the old path."""
 
 from __future__ import annotations
 
@@ -199,20 +199,24 @@ def test_layers_it_does_not_run_keep_the_old_path(monkeypatch, qwen3, smollm_tok
     assert all(torch.equal(a, b) for a, b in zip(stacked, plain, strict=True))
 
 
-def test_an_fp8_cache_is_not_taken(monkeypatch, llama_hd64):
-    """The fp8 cache's decode reads scales the stack does not pass: those steps run the
-    layers one call at a time, with the same results as with no stack at all."""
-    stacked, calls, built = decode_hiddens(monkeypatch, llama_hd64, True, dtype="bfloat16", kv_cache_dtype="fp8")
-    plain, _, _ = decode_hiddens(monkeypatch, llama_hd64, False, dtype="bfloat16", kv_cache_dtype="fp8")
-    assert built and calls == 0
+@pytest.mark.parametrize("kv_cache_dtype", ["fp8", "fp8_e5m2"])
+def test_an_fp8_cache_is_taken_with_the_bits_of_the_layers(monkeypatch, llama_hd64, kv_cache_dtype):
+    """An fp8 pool's steps run on the stack too: it writes K/V with each layer's calibrated
+    scales and reads them back as the layers' decode attention does (the scales handed over
+    with the pool's views), so every step gives the bits of the layers one call at a time."""
+    config = dict(dtype="bfloat16", quantization="int8", kv_cache_dtype=kv_cache_dtype)
+    stacked, calls, built = decode_hiddens(monkeypatch, llama_hd64, True, **config)
+    plain, _, _ = decode_hiddens(monkeypatch, llama_hd64, False, **config)
+    assert built and calls == len(stacked) >= 11
+    assert len(stacked) == len(plain)
     assert all(torch.equal(a, b) for a, b in zip(stacked, plain, strict=True))
 
 
 @pytest.mark.parametrize(
     "config",
     [dict(dtype="bfloat16"), dict(dtype="bfloat16", quantization="int8"), dict(dtype="float32"),
-     dict(dtype="bfloat16", quantization="int8", int8_activation_bits=8)],
-    ids=["bf16", "int8", "float32", "int8-8bit-activations"],
+     dict(dtype="bfloat16", quantization="int8", int8_activation_bits=8), dict(dtype="bfloat16", kv_cache_dtype="fp8")],
+    ids=["bf16", "int8", "float32", "int8-8bit-activations", "bf16-fp8-cache"],
 )
 def test_one_parallel_region_gives_the_bits_of_one_call_at_a_time(monkeypatch, llama_hd64, config):
     """forward runs the step's layers in one parallel region (forward_team, the threads
@@ -233,6 +237,9 @@ def test_one_parallel_region_gives_the_bits_of_one_call_at_a_time(monkeypatch, l
         num_layers = native.num_layers
         has_head = True
 
+        def set_kv_scales(self, scales):
+            native.set_kv_scales(scales)
+
         def forward_logits(self, *args):
             if len(captured) < 3:
                 captured.append(args)
@@ -249,7 +256,7 @@ def test_one_parallel_region_gives_the_bits_of_one_call_at_a_time(monkeypatch, l
             for n in (1, 2, 3):
                 torch.set_num_threads(n)
                 one_at_a_time = native.forward_calls(*args)
-                caches = [c.clone() for c in args[4] + args[5]]
+                caches = [c.clone().view(torch.uint8) for c in args[4] + args[5]]  # fp8 caches compared as bytes
                 together = native.forward(*args)
                 assert together.shape == (rows, args[0].shape[1])
                 assert torch.equal(together, one_at_a_time), f"{n} threads"
@@ -257,6 +264,6 @@ def test_one_parallel_region_gives_the_bits_of_one_call_at_a_time(monkeypatch, l
                 normed, logits = native.forward_logits(*args)
                 assert logits.shape == (rows, llm.engine.model_config.vocab_size)
                 assert torch.equal(normed, normed_calls) and torch.equal(logits, logits_calls), f"{n} threads"
-                assert all(torch.equal(c, d) for c, d in zip(caches, args[4] + args[5], strict=True))
+                assert all(torch.equal(c, d.view(torch.uint8)) for c, d in zip(caches, args[4] + args[5], strict=True))
     finally:
         torch.set_num_threads(threads)

@@ -500,6 +500,55 @@ def test_rope_and_kv_write_match_the_reference(rows, heads, hd, dtype, normed_qk
     close(caches[1], caches[0], dtype)
 
 
+def fp8_edge_values(fp8: torch.dtype, scale: float) -> torch.Tensor:
+    """Values whose fp8 bytes are easy to get wrong, times `scale` (a cache stores x / scale):
+    every finite code's value, the midpoints between neighbours (ties round to even), just
+    beside them, beyond the largest value (clamped), subnormals, signed zeros and a NaN."""
+    codes = torch.arange(256, dtype=torch.uint8).view(fp8).float()
+    finite = codes[torch.isfinite(codes)].unique()
+    mids = (finite[1:] + finite[:-1]) / 2
+    top = torch.finfo(fp8).max
+    extra = torch.tensor([top * 1.01, -top * 1.5, top * 1e3, 0.0, -0.0, float("nan"), 1e-30, -1e-12])
+    x = torch.cat([finite, mids, mids * (1 + 2**-12), mids * (1 - 2**-12), extra])
+    return x * scale
+
+
+@pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e5m2], ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("scale", [0.25, 0.3])
+def test_rope_kv_writes_an_fp8_cache_with_the_bytes_of_the_pytorch_store(kernels, fp8, dtype, scale):
+    """An fp8 cache is written by the kernel as kv_fp8.store writes it (x / scale, clamped,
+    rounded to nearest even): V byte for byte over every code, the midpoints between codes
+    and past the ends; K the rotated key the same kernel writes into a cache of the
+    activations' dtype, then stored."""
+    from preheat.engine.kernels import kv_fp8
+    from preheat.engine.kernels.rope import RotaryEmbedding
+
+    heads, kvh, hd = 4, 2, 64
+    v = fp8_edge_values(fp8, scale).to(dtype)
+    rows = -(-v.numel() // (kvh * hd))
+    v = torch.cat([v, torch.randn(rows * kvh * hd - v.numel()).to(dtype)]).view(rows, kvh * hd)
+    g = torch.Generator().manual_seed(3)
+    qk = torch.randn((rows, (heads + kvh) * hd), generator=g).to(dtype) * torch.logspace(-6, 3, rows)[:, None].to(dtype)
+    qkv = torch.cat([qk, v], dim=1).contiguous()
+    rope = RotaryEmbedding(1.0 / (10000 ** (torch.arange(0, hd, 2).float() / hd)), 1.0, dtype)
+    positions = torch.randint(0, 500, (rows,), generator=g)
+    slots = torch.randperm(rows * 2, generator=g)[:rows]
+    table = rope.table(500)
+    plain = [torch.zeros((rows * 2, kvh, hd), dtype=dtype) for _ in range(2)]
+    q_plain = kernels.rope_kv(qkv, rows, heads, kvh, table, positions, slots, *plain)
+    caches = [torch.zeros((rows * 2, kvh, hd), dtype=fp8) for _ in range(2)]
+    q = kernels.rope_kv(qkv, rows, heads, kvh, table, positions, slots, *caches, k_scale=scale, v_scale=scale)
+    assert torch.equal(q, q_plain)
+    for cache in caches:
+        cache.kv_scale = torch.tensor([scale])
+    for got, want in zip(caches, plain, strict=True):
+        expected = kv_fp8.store(want[slots], got)  # the written slots, as the PyTorch path stores them
+        assert torch.equal(got[slots].view(torch.uint8), expected.view(torch.uint8))
+    with pytest.raises(RuntimeError, match="activation dtype or fp8"):
+        kernels.rope_kv(qkv, rows, heads, kvh, table, positions, slots, *[c.to(torch.float16) for c in plain])
+
+
 def test_short_extends_run_as_decode_rows(cpu):
     from preheat.engine.kernels import cpu_attention
 

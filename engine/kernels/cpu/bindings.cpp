@@ -551,23 +551,35 @@ std::pair<at::Tensor, at::Tensor> checked_rope_rows(const at::Tensor& positions,
   return {pos, sl};
 }
 
+// A KV cache's format for activations of `dtype`: 0 the same dtype, 1 float8_e4m3fn, 2
+// float8_e5m2 (RopeKVArgs::kv_dtype); anything else is refused.
+int kv_cache_format(const at::Tensor& k_cache, const at::Tensor& v_cache, at::ScalarType dtype, const char* who) {
+  TORCH_CHECK(v_cache.scalar_type() == k_cache.scalar_type(), who, ": the K and V caches must share a dtype");
+  if (k_cache.scalar_type() == at::kFloat8_e4m3fn) return 1;
+  if (k_cache.scalar_type() == at::kFloat8_e5m2) return 2;
+  TORCH_CHECK(k_cache.scalar_type() == dtype, who, ": caches must be of the activation dtype or fp8");
+  return 0;
+}
+
+// k_scale / v_scale: an fp8 cache's scales (a value is stored as x / scale); 1 otherwise.
 at::Tensor rope_kv(const KernelSet& k, const at::Tensor& qkv, int64_t rows, int64_t H, int64_t KVH, const at::Tensor& cos_sin,
                    const at::Tensor& positions, const at::Tensor& slots, const at::Tensor& k_cache,
-                   const at::Tensor& v_cache) {
+                   const at::Tensor& v_cache, double k_scale, double v_scale) {
   check_cpu(qkv, "qkv");
   const int64_t D = cos_sin.size(1) / 2;
   TORCH_CHECK(qkv.dim() == 2 && qkv.stride(1) == 1 && qkv.size(1) == (H + 2 * KVH) * D && qkv.size(0) >= rows,
               "rope_kv: qkv [T, (H + 2 KVH) D] expected");
   check_rope_table(cos_sin, qkv.scalar_type(), D);
-  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.scalar_type() == qkv.scalar_type() &&
-                  v_cache.scalar_type() == qkv.scalar_type() && k_cache.size(-1) == D && k_cache.size(-2) == KVH,
-              "rope_kv: caches must be contiguous [.., KVH, D] of the activation dtype");
+  const int kv_dtype = kv_cache_format(k_cache, v_cache, qkv.scalar_type(), "rope_kv");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.size(-1) == D && k_cache.size(-2) == KVH,
+              "rope_kv: caches must be contiguous [.., KVH, D] of the activation dtype or fp8");
+  TORCH_CHECK(D <= 256, "rope_kv: head_dim at most 256");
   const auto [pos, sl] = checked_rope_rows(positions, slots, rows, cos_sin, k_cache.numel() / (KVH * D));
   const int64_t* p = pos.data_ptr<int64_t>();
   const int64_t* s = sl.data_ptr<int64_t>();
   auto q = at::empty({rows, H, D}, qkv.options());
   RopeKVArgs a{qkv.data_ptr(), qkv.stride(0), H, KVH, D, cos_sin.data_ptr(), p, s, q.data_ptr(),
-               k_cache.data_ptr(), v_cache.data_ptr(), dtype_code(qkv)};
+               k_cache.data_ptr(), v_cache.data_ptr(), dtype_code(qkv), kv_dtype, (float)k_scale, (float)v_scale};
   at::parallel_for(0, rows, 16, [&](int64_t b, int64_t e) { k.rope_kv_rows(a, b, e); });
   return q;
 }
@@ -661,11 +673,11 @@ void bind_set(pybind11::module_& m, const KernelSet& k) {
       "rope_kv",
       [set](const at::Tensor& qkv, int64_t rows, int64_t H, int64_t KVH, const at::Tensor& cos_sin,
             const at::Tensor& positions, const at::Tensor& slots, const at::Tensor& k_cache,
-            const at::Tensor& v_cache) {
-        return rope_kv(*set, qkv, rows, H, KVH, cos_sin, positions, slots, k_cache, v_cache);
+            const at::Tensor& v_cache, double k_scale, double v_scale) {
+        return rope_kv(*set, qkv, rows, H, KVH, cos_sin, positions, slots, k_cache, v_cache, k_scale, v_scale);
       },
       nogil, arg("qkv"), arg("rows"), arg("num_heads"), arg("num_kv_heads"), arg("cos_sin"), arg("positions"),
-      arg("slots"), arg("k_cache"), arg("v_cache"));
+      arg("slots"), arg("k_cache"), arg("v_cache"), arg("k_scale") = 1.0, arg("v_scale") = 1.0);
   m.def(
       "decode_stack",
       [set](const std::vector<at::Tensor>& input_norms, const std::vector<at::Tensor>& post_norms,
@@ -700,6 +712,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            pybind11::arg("h"), pybind11::arg("cos_sin"), pybind11::arg("positions"), pybind11::arg("slots"),
            pybind11::arg("k_caches"), pybind11::arg("v_caches"), pybind11::arg("page_table"), pybind11::arg("seq_lens"),
            "the layers one entry point at a time, each its own parallel region (what forward does on one thread)")
+      .def("set_kv_scales", &preheat::DecodeStack::set_kv_scales, pybind11::arg("scales"),
+           "an fp8 pool's scales [layers, 2, ...] (K, V; read at every step, so calibrating them in place "
+           "reaches the stack), or None for a pool in the activations' dtype")
       .def("set_head", &preheat::DecodeStack::set_head, pybind11::arg("final_norm"), pybind11::arg("head"),
            pybind11::arg("eps"), "the final norm and the LM head (kind, packed, scales, bias, n, activation_bits)")
       .def_property_readonly("has_head", &preheat::DecodeStack::has_head)

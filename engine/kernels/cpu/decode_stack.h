@@ -155,6 +155,17 @@ class DecodeStack {
   }
   bool has_head() const { return has_head_; }
 
+  // An fp8 pool's per-layer scales (engine/kv/pool.py: [layers, 2, 1] float32, K then V),
+  // held and read at each step; None: the pool is in the activations' dtype.
+  void set_kv_scales(const c10::optional<at::Tensor>& scales) {
+    if (scales.has_value()) {
+      TORCH_CHECK(scales->scalar_type() == at::kFloat && scales->is_contiguous() && scales->device().is_cpu() &&
+                      scales->numel() == 2 * (int64_t)layers_.size(),
+                  "decode stack: kv scales must be a contiguous float32 [layers, 2(, 1)] on the CPU");
+    }
+    kv_scales_ = scales;
+  }
+
   // forward, then the final norm and the LM head: (normed [rows, hidden], logits [rows, vocab]
   // float32), the bits of rms_norm and the head's product (widened to float32) called after
   // forward.
@@ -195,8 +206,9 @@ class DecodeStack {
     for (size_t i = 0; i < layers_.size(); ++i) {
       const StackLayer& l = layers_[i];
       auto qkv = l.qkv.apply(*k_, rms_norm(*k_, h, l.input_norm, eps_), c10::nullopt);
-      auto q = rope_kv(*k_, qkv, rows, H_, KVH_, cos_sin, positions, slots, k_caches[i], v_caches[i]);
-      auto o = decode_attention(*k_, q, k_caches[i], v_caches[i], page_table, seq_lens, scale_, 1.0, 1.0);
+      const auto [ks, vs] = kv_scale((int64_t)i);
+      auto q = rope_kv(*k_, qkv, rows, H_, KVH_, cos_sin, positions, slots, k_caches[i], v_caches[i], ks, vs);
+      auto o = decode_attention(*k_, q, k_caches[i], v_caches[i], page_table, seq_lens, scale_, ks, vs);
       h = l.o.apply(*k_, o.reshape({rows, H_ * D_}), h);
       auto gu = l.gate_up.apply(*k_, rms_norm(*k_, h, l.post_norm, eps_), c10::nullopt);
       h = l.down.apply(*k_, silu_mul(*k_, gu), h);
@@ -246,13 +258,17 @@ class DecodeStack {
     // The rotary write's checks (rope_kv), once for all layers.
     TORCH_CHECK(cos_sin.dim() == 2 && cos_sin.size(1) == 2 * D_, "rope_kv: bad cos_sin table");
     check_rope_table(cos_sin, h.scalar_type(), D_);
+    const int kv_dtype = kv_cache_format(k_caches[0], v_caches[0], h.scalar_type(), "decode stack");
+    TORCH_CHECK(kv_dtype == 0 || kv_scales_.has_value(), "decode stack: fp8 caches need their scales (set_kv_scales)");
     for (int64_t i = 0; i < L; ++i) {
       const at::Tensor &kc = k_caches[i], &vc = v_caches[i];
-      TORCH_CHECK(kc.is_contiguous() && vc.is_contiguous() && kc.scalar_type() == h.scalar_type() &&
-                      vc.scalar_type() == h.scalar_type() && kc.dim() == 4 && kc.size(-1) == D_ &&
+      TORCH_CHECK(kc.is_contiguous() && vc.is_contiguous() && kc.scalar_type() == k_caches[0].scalar_type() &&
+                      vc.scalar_type() == kc.scalar_type() && kc.dim() == 4 && kc.size(-1) == D_ &&
                       kc.size(-2) == KVH_ && kc.sizes() == k_caches[0].sizes() && vc.sizes() == kc.sizes(),
-                  "decode stack: every layer's caches contiguous [pages, page_size, KVH, D] of the activation dtype");
+                  "decode stack: every layer's caches contiguous [pages, page_size, KVH, D], of the activation "
+                  "dtype or all of one fp8 dtype");
     }
+    TORCH_CHECK(D_ <= 256, "rope_kv: head_dim at most 256");
     const auto [pos, sl] = checked_rope_rows(positions, slots, rows, cos_sin, k_caches[0].numel() / (KVH_ * D_));
     const int64_t* p = pos.data_ptr<int64_t>();
     const int64_t* s = sl.data_ptr<int64_t>();
@@ -296,7 +312,18 @@ class DecodeStack {
       head_product = team_product(k, head_, head->normed.data_ptr(), hidden, rows, nullptr, head->product.data_ptr(), h,
                                   xq, xs, xsum);
     }
-    RopeKVArgs rope{qkv.data_ptr(), QKV, H_, KVH_, D_, cos_sin.data_ptr(), p, s, q.data_ptr(), nullptr, nullptr, dt};
+    RopeKVArgs rope{qkv.data_ptr(), QKV, H_, KVH_, D_, cos_sin.data_ptr(), p, s, q.data_ptr(), nullptr, nullptr, dt,
+                    kv_dtype};
+    // Each layer's attention scales as decode_attention's plan folds them (fp8: the key scale
+    // into the score scale, the value scale into the outputs', e4m3 read as value / 256).
+    const double fp8_mult = kv_dtype == 1 ? 256.0 : 1.0;
+    std::vector<std::pair<float, float>> attn_scales(L);
+    for (int64_t i = 0; i < L; ++i) {
+      const auto [ks, vs] = kv_scale(i);
+      attn_scales[i] = kv_dtype == 0 ? std::pair<float, float>{(float)scale_, 1.0f}
+                                     : std::pair<float, float>{(float)(scale_ * ks * fp8_mult), (float)(vs * fp8_mult)};
+      if (kv_dtype != 0) TORCH_CHECK(ks > 0 && vs > 0, "decode stack: kv scales must be positive");
+    }
     DecodeAttnArgs attn = plan.a;
     attn.q = q.data_ptr();
     attn.q_stride_b = H_ * D_;
@@ -330,11 +357,13 @@ class DecodeStack {
         RopeKVArgs ri = rope;
         ri.k_cache = k_caches[i].data_ptr();
         ri.v_cache = v_caches[i].data_ptr();
+        if (kv_dtype != 0) std::tie(ri.k_scale, ri.v_scale) = std::pair<float, float>(kv_scale(i));
         k.rope_kv_rows(ri, r0, r1);
         sync();
         DecodeAttnArgs ai = attn;
         ai.k_cache = k_caches[i].data_ptr();
         ai.v_cache = v_caches[i].data_ptr();
+        std::tie(ai.scale, ai.v_mult) = attn_scales[i];
         for (int64_t r = t; r < plan.runs; r += nt) plan.run(k, ai, r, mine);
         if (plan.chunked() || pr[1].quantizes()) {
           sync();
@@ -369,6 +398,14 @@ class DecodeStack {
 
   int64_t num_layers() const { return (int64_t)layers_.size(); }
 
+  // Layer i's K and V scales as the layers' Python path passes them (float(scale)): 1 for a
+  // cache in the activations' dtype.
+  std::pair<double, double> kv_scale(int64_t i) const {
+    if (!kv_scales_.has_value()) return {1.0, 1.0};
+    const float* s = kv_scales_->data_ptr<float>();
+    return {(double)s[2 * i], (double)s[2 * i + 1]};
+  }
+
  private:
   const KernelSet* k_;
   std::vector<StackLayer> layers_;
@@ -377,6 +414,7 @@ class DecodeStack {
   at::Tensor final_norm_;
   StackLinear head_{};
   double head_eps_ = 0.0;
+  c10::optional<at::Tensor> kv_scales_;
   double eps_;
   int64_t H_, KVH_, D_;
   double scale_;

@@ -115,6 +115,11 @@ struct RopeKVArgs {
   void* k_cache;          // slot s, head h at (s * KVH + h) * D
   void* v_cache;
   int dtype;
+  // The caches' format: 0 = dtype; 1 = float8_e4m3fn, 2 = float8_e5m2, each value stored as
+  // x / its scale (K's, V's), clamped to the format's range and rounded as torch rounds
+  // (engine/kernels/kv_fp8.py's store).
+  int kv_dtype = 0;
+  float k_scale = 1.0f, v_scale = 1.0f;
 };
 
 // ---- the functions, once per instruction set ----------------------------------------

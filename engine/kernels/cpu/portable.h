@@ -332,20 +332,82 @@ inline void with_attention_types(const DecodeAttnArgs& a, Attend&& attend) {
     with_kv_dtype<1>(a, attend);
 }
 
+inline uint32_t float_bits(float x) {
+  uint32_t b;
+  memcpy(&b, &x, 4);
+  return b;
+}
+inline float bits_float(uint32_t b) {
+  float x;
+  memcpy(&x, &b, 4);
+  return x;
+}
+
+// A float as a float8 byte: e4m3fn (kv_dtype 1) or e5m2 (2), rounded to nearest even the way
+// torch's .to(torch.float8_e4m3fn / float8_e5m2) rounds on the CPU (c10's
+// fp8e4m3fn_from_fp32_value / fp8e5m2_from_fp32_value, step for step), so a cache written
+// here holds the bytes the PyTorch path writes. Subnormals are rounded by adding a power of
+// two that leaves their bits in the low byte.
+inline uint8_t fp8_from_float(float x, int kv_dtype) {
+  const uint32_t bits = float_bits(x), sign = bits & 0x80000000u, a = bits ^ sign;
+  uint32_t code;
+  if (kv_dtype == 1) {
+    if (a >= (1087u << 20)) {
+      code = a > 0x7F800000u ? 0x7F : 0x7E;  // NaN; 480 and above (and infinity) saturate
+    } else if (a < (121u << 23)) {
+      code = float_bits(bits_float(a) + bits_float(141u << 23)) - (141u << 23);
+    } else {
+      code = (a + ((uint32_t)(7 - 127) << 23) + 0x7FFFFu + ((a >> 20) & 1u)) >> 20;
+      if (code == 0x7F) code = 0x7E;  // a carry into NaN's pattern saturates too
+    }
+  } else {
+    if (a >= (143u << 23)) {
+      code = a > 0x7F800000u ? 0x7F : 0x7C;  // NaN, infinity
+    } else if (a < (113u << 23)) {
+      code = float_bits(bits_float(a) + bits_float(134u << 23)) - (134u << 23);
+    } else {
+      code = (a + ((uint32_t)(15 - 127) << 23) + 0xFFFFFu + ((a >> 21) & 1u)) >> 21;
+    }
+  }
+  return (uint8_t)(code | (sign >> 24));
+}
+
+// n values of dtype `dt` at x stored into an fp8 cache row: x / scale, clamped to the
+// format's largest value (a NaN stays NaN), as a float8 byte (kv_fp8.store's steps).
+inline void store_fp8(const void* x, int dt, uint8_t* out, int64_t n, float scale, int kv_dtype) {
+  const float top = kv_dtype == 1 ? 448.0f : 57344.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = dt == 0 ? ((const float*)x)[i] : bits_float((uint32_t)((const uint16_t*)x)[i] << 16);
+    float y = v / scale;
+    y = y < -top ? -top : y > top ? top : y;  // comparisons with a NaN fail: it passes through
+    out[i] = fp8_from_float(y, kv_dtype);
+  }
+}
+
 // Rows [m_begin, m_end) of rope + KV write, `rope_head(x, cos_sin, out, D, dtype)` rotating one head.
+// An fp8 cache (a.kv_dtype) gets the rotated key in the activations' dtype, as the PyTorch
+// path rotates it, then stored as kv_fp8.store stores it.
 template <typename RopeHead>
 inline void rope_kv_rows_with(const RopeKVArgs& a, int64_t m_begin, int64_t m_end, RopeHead&& rope_head) {
   const int dt = a.dtype;
   const int64_t D = a.D;
+  alignas(64) float rotated[256];  // one head's key (D <= 256), float32 or bf16
   for (int64_t m = m_begin; m < m_end; ++m) {
     const void* cs = elem(a.cos_sin, a.positions[m] * 2 * D, dt);
     const void* row = elem(a.qkv, m * a.ld, dt);
     for (int64_t h = 0; h < a.H; ++h) rope_head(elem(row, h * D, dt), cs, elem(a.q_out, (m * a.H + h) * D, dt), D, dt);
     const int64_t slot = a.slots[m];
     for (int64_t h = 0; h < a.KVH; ++h) {
-      rope_head(elem(row, (a.H + h) * D, dt), cs, elem(a.k_cache, (slot * a.KVH + h) * D, dt), D, dt);
-      memcpy(elem(a.v_cache, (slot * a.KVH + h) * D, dt), elem(row, (a.H + a.KVH + h) * D, dt),
-             D * (dt == 0 ? 4 : 2));
+      const int64_t at = (slot * a.KVH + h) * D;
+      const void* v = elem(row, (a.H + a.KVH + h) * D, dt);
+      if (a.kv_dtype != 0) {
+        rope_head(elem(row, (a.H + h) * D, dt), cs, rotated, D, dt);
+        store_fp8(rotated, dt, (uint8_t*)a.k_cache + at, D, a.k_scale, a.kv_dtype);
+        store_fp8(v, dt, (uint8_t*)a.v_cache + at, D, a.v_scale, a.kv_dtype);
+        continue;
+      }
+      rope_head(elem(row, (a.H + h) * D, dt), cs, elem(a.k_cache, at, dt), D, dt);
+      memcpy(elem(a.v_cache, at, dt), v, D * (dt == 0 ? 4 : 2));
     }
   }
 }
