@@ -44,7 +44,7 @@ class DecodeStack:
 
     def __init__(self, native: Any, dtype: torch.dtype, dense_from_rows: int | None,
                  head_dense_from_rows: int | None = None) -> None:  # fmt: skip
-        self.native = native
+        self._native = native
         self.dtype = dtype
         self.dense_from_rows = dense_from_rows  # the smallest threshold among the products
         # Where the LM head multiplies through dense rows (its own threshold): from there the
@@ -52,6 +52,17 @@ class DecodeStack:
         self.head_dense_from_rows = head_dense_from_rows
         # The pool the layer views below were taken from (held, so its identity cannot be reused).
         self._caches: tuple[Any, list[torch.Tensor], list[torch.Tensor]] | None = None
+
+    @property
+    def native(self) -> Any:
+        return self._native
+
+    @native.setter
+    def native(self, native: Any) -> None:
+        """A new native stack (weight_arena rebuilds it over the weights' new tensors) is
+        handed the pool's views and fp8 scales afresh at its first step."""
+        self._native = native
+        self._caches = None
     def rows(self, ctx: StepContext, hidden: torch.Tensor, kv_pool) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The step's rows as the stack runs them, (page table, lengths), when it takes the
         step; else None (the layers run it)."""

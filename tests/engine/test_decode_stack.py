@@ -4,6 +4,8 @@ does not run (q/k norm) and steps it does not take (prompts) keep the old path."
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from tiny_models import build_tiny_model
@@ -210,6 +212,38 @@ def test_an_fp8_cache_is_taken_with_the_bits_of_the_layers(monkeypatch, llama_hd
     assert built and calls == len(stacked) >= 11
     assert len(stacked) == len(plain)
     assert all(torch.equal(a, b) for a, b in zip(stacked, plain, strict=True))
+
+
+def test_a_rebuilt_native_stack_is_handed_the_pools_fp8_scales():
+    """weight_arena swaps a new native stack in after the weights move (it holds raw
+    pointers): the new one must get the pool's scales before its first step, not only the
+    first native stack (it failed that step with 'fp8 caches need their scales')."""
+    events: list[tuple[str, object]] = []
+
+    class Native:
+        num_layers, has_head = 2, False
+
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def set_kv_scales(self, scales) -> None:
+            events.append((self.name, scales))
+
+        def forward(self, *args):
+            events.append((self.name, "forward"))
+            return args[0]
+
+    scales = torch.ones(2, 2, 1)
+    pool = SimpleNamespace(k=lambda i: torch.zeros(1), v=lambda i: torch.zeros(1), scales=scales)
+    ctx = SimpleNamespace(meta=SimpleNamespace(slots=None), rope=SimpleNamespace(table=None, positions=None))
+    stack = decode_stack.DecodeStack(Native("first"), torch.bfloat16, None)
+    rows = (torch.zeros(1, 1, dtype=torch.int32), torch.ones(1, dtype=torch.int32))
+    for _ in range(2):
+        stack.forward(torch.zeros(1, 4), ctx, pool, rows)
+    stack.native = Native("rebuilt")
+    stack.forward(torch.zeros(1, 4), ctx, pool, rows)
+    assert events == [("first", scales), ("first", "forward"), ("first", "forward"),
+                      ("rebuilt", scales), ("rebuilt", "forward")]
 
 
 @pytest.mark.parametrize(

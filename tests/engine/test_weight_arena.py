@@ -137,15 +137,21 @@ def test_a_failed_copy_leaves_the_weights_where_they_are(monkeypatch, caplog):
 
 
 @pytest.mark.skipif(cpu_ext.load() is None, reason="packed matrices are the CPU kernels'")
-def test_an_engine_swaps_its_matrices_in_at_a_step_and_serves_the_same_tokens(tiny_llama_dir, monkeypatch):
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
+def test_an_engine_swaps_its_matrices_in_at_a_step_and_serves_the_same_tokens(tiny_llama_dir, monkeypatch,
+                                                                              kv_cache_dtype):
+    """With an fp8 pool too: the rebuilt native stack gets the pool's scales (it failed its
+    first step after the swap when only the first native one had been handed them)."""
     prompts, params = [[5, 17, 300, 42, 9], list(range(100, 150))], SamplingParams(max_tokens=8, temperature=0)
     monkeypatch.setenv("PREHEAT_HUGE_PAGES", "0")
-    llm = LLM(model=str(tiny_llama_dir), weight_cache_dir="off", max_total_tokens=512, page_size=4)
+    llm = LLM(model=str(tiny_llama_dir), weight_cache_dir="off", max_total_tokens=512, page_size=4,
+              kv_cache_dtype=kv_cache_dtype)
     assert not llm.engine.weight_move.moving and llm.engine.model.weight_arena is None
     expected = [r.token_ids for r in llm.generate(prompts, params)]
     del llm
     monkeypatch.setenv("PREHEAT_HUGE_PAGES", "1")
-    llm = LLM(model=str(tiny_llama_dir), weight_cache_dir="off", max_total_tokens=512, page_size=4)
+    llm = LLM(model=str(tiny_llama_dir), weight_cache_dir="off", max_total_tokens=512, page_size=4,
+              kv_cache_dtype=kv_cache_dtype)
     model, move = llm.engine.model, llm.engine.weight_move
     if weight_arena.why_not() is not None:  # this machine gives no huge pages: nothing moves
         assert not move.moving
