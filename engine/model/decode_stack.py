@@ -10,7 +10,8 @@ packed products, a dense SiLU-gated MLP, no q/k norm, one rank — else None (th
 as before). `rows` decides per step: decode rows only (or a speculative verify step of up to
 VERIFY_ROWS draft rows, run as decode rows: `_decode_rows`), no padding, the rotary table kernel,
 a cache in the activations' dtype or fp8 (its scales handed to the stack with the pool's
-views), fewer rows than any product's dense-rows threshold. PREHEAT_DECODE_STACK=0 turns it off (to compare, or to step around it).
+views), fewer rows than any product's dense-rows threshold. PREHEAT_DECODE_STACK=0 turns it
+off (to compare, or to step around it).
 
 Where the model's LM head is such a packed product too, the stack also runs the final norm
 and the head in the same call: the step's logits come back with its hidden states, and
@@ -63,6 +64,7 @@ class DecodeStack:
         handed the pool's views and fp8 scales afresh at its first step."""
         self._native = native
         self._caches = None
+
     def rows(self, ctx: StepContext, hidden: torch.Tensor, kv_pool) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The step's rows as the stack runs them, (page table, lengths), when it takes the
         step; else None (the layers run it)."""
