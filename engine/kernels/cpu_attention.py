@@ -146,11 +146,12 @@ class LongExtend:
 
 def long_extend_eligible(kernels: ModuleType, q: torch.Tensor, k_cache: torch.Tensor) -> bool:
     """Whether the extend kernel takes these queries and this cache: the AVX-512 build,
-    bfloat16 queries and pages (not fp8), head_dim 64 or 128, whole query groups."""
+    bfloat16 queries, bfloat16 or fp8 pages, head_dim 64 or 128, whole query groups."""
     return (
         getattr(kernels, "has_extend_attention", False)
         and q.device.type == "cpu"
-        and q.dtype == torch.bfloat16 == k_cache.dtype
+        and q.dtype == torch.bfloat16
+        and (k_cache.dtype == torch.bfloat16 or kv_fp8.is_fp8_kv(k_cache))
         and q.shape[-1] in (64, 128)
         and q.shape[1] % k_cache.shape[2] == 0
         and q.stride(-1) == 1
@@ -161,10 +162,15 @@ def long_extend_eligible(kernels: ModuleType, q: torch.Tensor, k_cache: torch.Te
 
 def long_extend(kernels: ModuleType, q, k_cache, v_cache, page_table, prefix_lens: torch.Tensor,
                 extend_lens: torch.Tensor, scale) -> torch.Tensor:  # fmt: skip
-    """The extend kernel over int32 [B] lengths (LongExtend's)."""
+    """The extend kernel over int32 [B] lengths (LongExtend's). An fp8 cache is read in
+    place, its scales folded into the kernel's as decode_attention folds them."""
     if page_table.dtype != torch.int32:
         page_table = page_table.to(torch.int32)
-    return kernels.extend_attention(q, k_cache, v_cache, page_table, prefix_lens, extend_lens, scale)
+    ks, vs = kv_fp8.scale_of(k_cache), kv_fp8.scale_of(v_cache)
+    if ks is None or vs is None:
+        return kernels.extend_attention(q, k_cache, v_cache, page_table, prefix_lens, extend_lens, scale)
+    return kernels.extend_attention(q, k_cache, v_cache, page_table, prefix_lens, extend_lens, scale,
+                                    float(ks), float(vs))
 
 
 def extend_attention(kernels: ModuleType, q, k_cache, v_cache, page_table, prefix_lens, extend_lens,

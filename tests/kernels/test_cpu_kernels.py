@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from preheat.engine.kernels import cpu_ext, int8, kv_fp8, reference
+from preheat.engine.kernels import cpu_attention, cpu_ext, int8, kv_fp8, reference
 from preheat.engine.kernels.cpu_backend import CpuKernelBackend
 from preheat.engine.kernels.torch_backend import TorchBackend
 
@@ -111,6 +111,43 @@ def test_extend_attention_matches_the_reference(extends, kvh, group, hd, page_si
     expected = reference.extend_attention(q, k_cache, v_cache, table, prefix, extend, hd**-0.5)
     got = kernels.extend_attention(q, k_cache, v_cache, table, torch.tensor(prefix), torch.tensor(extend), hd**-0.5)
     close(got, expected, torch.bfloat16)
+
+
+@SETTINGS
+@given(
+    extends=st.lists(st.tuples(st.integers(0, 90), st.integers(1, 80)), min_size=1, max_size=3),
+    kvh=st.integers(1, 3),
+    group=st.sampled_from([1, 3, 7]),
+    hd=st.sampled_from([64, 128]),
+    page_size=st.sampled_from([1, 16]),
+    fp8=st.sampled_from([torch.float8_e4m3fn, torch.float8_e5m2]),
+    scales=st.tuples(st.sampled_from([2.0**-6, 0.25, 1.0]), st.sampled_from([2.0**-8, 0.5, 2.0])),
+    seed=st.integers(0, 2**16),
+)
+def test_extend_attention_reads_fp8_pages_in_place_like_the_reference(
+    extends, kvh, group, hd, page_size, fp8, scales, seed, kernels
+):
+    """A prompt chunk over an fp8 cache (either format, subnormals included): the extend
+    kernel widens the bytes to bfloat16 as it reads them, against the PyTorch path, which
+    dequantises the same bytes."""
+    if not kernels.has_extend_attention:
+        return  # the AVX-512 build's (the refusal is test_extend_attention_matches_the_reference's)
+    g = torch.Generator().manual_seed(seed)
+    prefix, extend = [p for p, _ in extends], [e for _, e in extends]
+    k_full, v_full, table = paged_cache(g, [p + e for p, e in extends], page_size, kvh, hd, torch.float32)
+    k8, v8 = (torch.empty(c.shape, dtype=fp8) for c in (k_full, v_full))
+    k8.kv_scale, v8.kv_scale = torch.tensor([scales[0]]), torch.tensor([scales[1]])
+    spread = torch.logspace(-4, 1, hd)  # tiny (subnormal) to large values in every row
+    for full, q8 in ((k_full, k8), (v_full, v8)):
+        q8.copy_(kv_fp8.store(full * spread * q8.kv_scale, q8))
+    q = torch.randn((sum(extend), kvh * group, hd), generator=g).to(torch.bfloat16)
+    expected = reference.extend_attention(q, k8, v8, table, prefix, extend, hd**-0.5)
+    got = kernels.extend_attention(q, k8, v8, table, torch.tensor(prefix), torch.tensor(extend), hd**-0.5,
+                                   scales[0], scales[1])
+    close(got, expected, torch.bfloat16, scale=max(1.0, float(expected.abs().max())))
+    assert cpu_attention.long_extend_eligible(kernels, q, k8)
+    close(cpu_attention.long_extend(kernels, q, k8, v8, table, torch.tensor(prefix, dtype=torch.int32),
+                                    torch.tensor(extend, dtype=torch.int32), hd**-0.5), got, torch.bfloat16, scale=0)
 
 
 @SETTINGS
@@ -521,7 +558,6 @@ def test_rope_kv_writes_an_fp8_cache_with_the_bytes_of_the_pytorch_store(kernels
     rounded to nearest even): V byte for byte over every code, the midpoints between codes
     and past the ends; K the rotated key the same kernel writes into a cache of the
     activations' dtype, then stored."""
-    from preheat.engine.kernels import kv_fp8
     from preheat.engine.kernels.rope import RotaryEmbedding
 
     heads, kvh, hd = 4, 2, 64

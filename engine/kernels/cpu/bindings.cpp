@@ -123,6 +123,16 @@ struct DecodeAttnPlan {
   }
 };
 
+// A KV cache's format for activations of `dtype`: 0 the same dtype, 1 float8_e4m3fn, 2
+// float8_e5m2 (RopeKVArgs::kv_dtype); anything else is refused.
+int kv_cache_format(const at::Tensor& k_cache, const at::Tensor& v_cache, at::ScalarType dtype, const char* who) {
+  TORCH_CHECK(v_cache.scalar_type() == k_cache.scalar_type(), who, ": the K and V caches must share a dtype");
+  if (k_cache.scalar_type() == at::kFloat8_e4m3fn) return 1;
+  if (k_cache.scalar_type() == at::kFloat8_e5m2) return 2;
+  TORCH_CHECK(k_cache.scalar_type() == dtype, who, ": caches must be of the activation dtype or fp8");
+  return 0;
+}
+
 // Checks the caches, page table and lengths against q's shape [B, H, D] and plans the tasks
 // for `threads` threads; the caller sets a.q (and strides), a.k_cache, a.v_cache and a.out.
 DecodeAttnPlan plan_decode_attention(const KernelSet& k, int64_t B, int64_t H, int64_t D, int q_dtype,
@@ -237,16 +247,19 @@ at::Tensor decode_attention(const KernelSet& k, const at::Tensor& q, const at::T
 // the list (at::parallel_for's split) hold as much work: a late row sees more keys.
 at::Tensor extend_attention(const KernelSet& k, const at::Tensor& q, const at::Tensor& k_cache,
                             const at::Tensor& v_cache, const at::Tensor& page_table, const at::Tensor& prefix_lens,
-                            const at::Tensor& extend_lens, double scale) {
+                            const at::Tensor& extend_lens, double scale, double k_scale, double v_scale) {
   check_cpu(q, "q");
   TORCH_CHECK(k.extend_attention_task != nullptr, "extend_attention: not in the ", k.name, " build");
   TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1 && q.stride(0) % 2 == 0 && q.stride(1) % 2 == 0 &&
                   q.scalar_type() == at::kBFloat16,
               "q must be bfloat16 [T, H, D] with contiguous, even-strided heads");
+  const int kv_dtype = kv_cache_format(k_cache, v_cache, at::kBFloat16, "extend_attention");
   TORCH_CHECK(k_cache.dim() == 4 && k_cache.stride(3) == 1 && v_cache.strides() == k_cache.strides() &&
-                  k_cache.scalar_type() == at::kBFloat16 && v_cache.scalar_type() == at::kBFloat16 &&
-                  k_cache.stride(2) % 2 == 0,
-              "caches must be bfloat16 [pages, page_size, kv_heads, D] with equal strides");
+                  (kv_dtype != 0 || k_cache.stride(2) % 2 == 0),
+              "caches must be bfloat16 or fp8 [pages, page_size, kv_heads, D] with equal strides");
+  // As decode_attention folds them: e4m3 is read as value / 256.
+  const double fp8_mult = kv_dtype == 1 ? 256.0 : 1.0;
+  if (kv_dtype == 0) k_scale = v_scale = 1.0;
   const int64_t T = q.size(0), H = q.size(1), D = q.size(2), S = k_cache.size(1), KVH = k_cache.size(2);
   TORCH_CHECK((D == 64 || D == 128) && k_cache.size(3) == D, "head_dim must be 64 or 128");
   TORCH_CHECK(H % KVH == 0, "query heads must be a multiple of the kv heads");
@@ -285,7 +298,8 @@ at::Tensor extend_attention(const KernelSet& k, const at::Tensor& q, const at::T
   for (size_t i = 0; i < order.size(); ++i) dealt[i % 2 == 0 ? lo++ : --hi] = order[i];
   ExtendAttnArgs a{q.data_ptr(), q.stride(0), q.stride(1), k_cache.data_ptr(), v_cache.data_ptr(),
                    k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), pt.data_ptr<int32_t>(), pt.stride(0),
-                   p, start.data(), out.data_ptr(), H, KVH, D, S, (float)scale};
+                   p, start.data(), out.data_ptr(), H, KVH, D, S, (float)(scale * k_scale * fp8_mult),
+                   kv_dtype, (float)(v_scale * fp8_mult)};
   parallel_with_scratch((int64_t)dealt.size(), k.extend_attention_scratch(a), [&](int64_t begin, int64_t end,
                                                                                     float* mine) {
     for (int64_t i = begin; i < end; ++i) {
@@ -551,15 +565,6 @@ std::pair<at::Tensor, at::Tensor> checked_rope_rows(const at::Tensor& positions,
   return {pos, sl};
 }
 
-// A KV cache's format for activations of `dtype`: 0 the same dtype, 1 float8_e4m3fn, 2
-// float8_e5m2 (RopeKVArgs::kv_dtype); anything else is refused.
-int kv_cache_format(const at::Tensor& k_cache, const at::Tensor& v_cache, at::ScalarType dtype, const char* who) {
-  TORCH_CHECK(v_cache.scalar_type() == k_cache.scalar_type(), who, ": the K and V caches must share a dtype");
-  if (k_cache.scalar_type() == at::kFloat8_e4m3fn) return 1;
-  if (k_cache.scalar_type() == at::kFloat8_e5m2) return 2;
-  TORCH_CHECK(k_cache.scalar_type() == dtype, who, ": caches must be of the activation dtype or fp8");
-  return 0;
-}
 
 // k_scale / v_scale: an fp8 cache's scales (a value is stored as x / scale); 1 otherwise.
 at::Tensor rope_kv(const KernelSet& k, const at::Tensor& qkv, int64_t rows, int64_t H, int64_t KVH, const at::Tensor& cos_sin,
@@ -629,11 +634,12 @@ void bind_set(pybind11::module_& m, const KernelSet& k) {
   m.def(
       "extend_attention",
       [set](const at::Tensor& q, const at::Tensor& kc, const at::Tensor& vc, const at::Tensor& pt,
-            const at::Tensor& prefix_lens, const at::Tensor& extend_lens, double scale) {
-        return extend_attention(*set, q, kc, vc, pt, prefix_lens, extend_lens, scale);
+            const at::Tensor& prefix_lens, const at::Tensor& extend_lens, double scale, double k_scale,
+            double v_scale) {
+        return extend_attention(*set, q, kc, vc, pt, prefix_lens, extend_lens, scale, k_scale, v_scale);
       },
       nogil, arg("q"), arg("k_cache"), arg("v_cache"), arg("page_table"), arg("prefix_lens"), arg("extend_lens"),
-      arg("scale"));
+      arg("scale"), arg("k_scale") = 1.0, arg("v_scale") = 1.0);
   m.def(
       "linear_bf16",
       [set](const at::Tensor& x, const at::Tensor& packed, int64_t n, const c10::optional<at::Tensor>& bias,

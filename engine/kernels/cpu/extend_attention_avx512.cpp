@@ -16,7 +16,12 @@
 // Keys and values are read from the pages where they lie; the key block is one page at the
 // default page size. Probabilities are rounded to bfloat16 for the value products, as
 // SDPA's bfloat16 path rounds them; sums are float32. Each lane computes what it computed
-// when lanes held one head's rows (the same products in the same order).
+// when lanes held one head's rows (the same products in the same order). An fp8 cache's
+// keys and values are widened to bfloat16 as they are read (exact: each fp8 value is a
+// bfloat16 one; e4m3 read as value / 256, as the decode kernel reads it), its scales folded
+// into the score scale and the outputs' factor.
+#include <type_traits>
+
 #include "avx512_common.h"
 
 namespace preheat {
@@ -78,8 +83,30 @@ inline void transpose16(__m512i (&r)[16]) {
   }
 }
 
-template <int D>
+// 32 cached values at p as 32 bfloat16 (KT: the cache's kv_dtype): the values themselves
+// for a bfloat16 cache; an fp8 cache's bytes through float16 (e5m2 is float16's top byte;
+// e4m3 placed so that it reads as value / 256, subnormals included) to bfloat16, exactly.
+template <int KT>
+inline __m512i load32_bf16(const char* p) {
+  if constexpr (KT == 0) {
+    return _mm512_loadu_si512(p);
+  } else {
+    const __m512i b = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)p));
+    __m512i h;
+    if constexpr (KT == KV_E5M2) {
+      h = _mm512_slli_epi16(b, 8);
+    } else {
+      const __m512i sign = _mm512_slli_epi16(_mm512_and_si512(b, _mm512_set1_epi16(0x80)), 8);
+      h = _mm512_or_si512(sign, _mm512_slli_epi16(_mm512_and_si512(b, _mm512_set1_epi16(0x7f)), 7));
+    }
+    const __m512 lo = _mm512_cvtph_ps(_mm512_castsi512_si256(h)), hi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
+    return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+  }
+}
+
+template <int D, int KT>
 void task(const ExtendAttnArgs& a, int64_t b, int64_t kvh, int64_t r0, int64_t r1, float* scratch) {
+  constexpr int64_t ESZ = KT == 0 ? 2 : 1;  // bytes per cached value
   constexpr int64_t DP = D / 2;
   const int64_t G = a.H / a.KVH, rows = r1 - r0, lanes = rows * G, vectors = lane_vectors(rows, G);
   const int64_t prefix = a.prefix_lens[b], last_key = prefix + r1;  // keys [0, last_key)
@@ -120,17 +147,17 @@ void task(const ExtendAttnArgs& a, int64_t b, int64_t kvh, int64_t r0, int64_t r
   const char* vrow[16];
   for (int64_t k0 = 0; k0 < last_key; k0 += 16) {
     const int64_t n = imin(16, last_key - k0), pairs = (n + 1) / 2;
-    token_rows(a, a.k_cache, pages, k0, n, 2, krow);
-    token_rows(a, a.v_cache, pages, k0, n, 2, vrow);
+    token_rows(a, a.k_cache, pages, k0, n, ESZ, krow);
+    token_rows(a, a.v_cache, pages, k0, n, ESZ, vrow);
     // Value pairs of this block, kv head kvh: vp[i][d] = (v[2i][d], v[2i+1][d]); an odd last
     // key pairs with a zero value (its probability pair's second half is 0 too).
     for (int64_t i = 0; i < pairs; ++i) {
-      const uint16_t* v0 = (const uint16_t*)(vrow[2 * i] + kvh * a.kv_stride_head * 2);
-      const uint16_t* v1 = (const uint16_t*)(vrow[2 * i + 1] + kvh * a.kv_stride_head * 2);
+      const char* v0 = vrow[2 * i] + kvh * a.kv_stride_head * ESZ;
+      const char* v1 = vrow[2 * i + 1] + kvh * a.kv_stride_head * ESZ;
       const bool odd = 2 * i + 1 >= n;
       for (int64_t d = 0; d < D; d += 32) {
-        const __m512i x0 = _mm512_loadu_si512(v0 + d);
-        const __m512i x1 = odd ? _mm512_setzero_si512() : _mm512_loadu_si512(v1 + d);
+        const __m512i x0 = load32_bf16<KT>(v0 + d * ESZ);
+        const __m512i x1 = odd ? _mm512_setzero_si512() : load32_bf16<KT>(v1 + d * ESZ);
         // unpack{lo,hi} interleave within 128-bit lanes; permute back to d order.
         const __m512i lo = _mm512_unpacklo_epi16(x0, x1), hi = _mm512_unpackhi_epi16(x0, x1);
         const __m512i first = _mm512_permutex2var_epi64(lo, _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11), hi);
@@ -142,7 +169,7 @@ void task(const ExtendAttnArgs& a, int64_t b, int64_t kvh, int64_t r0, int64_t r
     // Key pairs of this block transposed: kt[j][i] = pair j of key i (keys past n repeat key 0).
     for (int64_t c = 0; c < DP; c += 16) {
       __m512i r[16];
-      for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(krow[i] + (kvh * a.kv_stride_head + c * 2) * 2);
+      for (int i = 0; i < 16; ++i) r[i] = load32_bf16<KT>(krow[i] + (kvh * a.kv_stride_head + c * 2) * ESZ);
       transpose16(r);
       for (int j = 0; j < 16; ++j) _mm512_storeu_si512(sc.kt + (c + j) * 16, r[j]);
     }
@@ -212,7 +239,7 @@ void task(const ExtendAttnArgs& a, int64_t b, int64_t kvh, int64_t r0, int64_t r
   uint16_t* out = (uint16_t*)a.out;
   for (int64_t v = 0; v < vectors; ++v) {
     float* o = sc.ot + v * D * 16;
-    const __m512 inv = _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_loadu_ps(sc.ml + v * 32 + 16));
+    const __m512 inv = _mm512_div_ps(_mm512_set1_ps(a.v_mult), _mm512_loadu_ps(sc.ml + v * 32 + 16));
     for (int64_t d = 0; d < D; ++d) _mm512_storeu_ps(o + d * 16, _mm512_mul_ps(_mm512_loadu_ps(o + d * 16), inv));
     const int64_t n_lanes = imin(LANES, lanes - v * LANES);
     for (int64_t L = 0; L < n_lanes; ++L) {
@@ -232,10 +259,19 @@ int64_t extend_attention_scratch(const ExtendAttnArgs& a) {
 }
 
 void extend_attention_task(const ExtendAttnArgs& a, int64_t b, int64_t kvh, int64_t r0, int64_t r1, float* scratch) {
+  auto with_kv = [&](auto d) {
+    constexpr int D = decltype(d)::value;
+    if (a.kv_dtype == 1)
+      task<D, 1>(a, b, kvh, r0, r1, scratch);
+    else if (a.kv_dtype == KV_E5M2)
+      task<D, KV_E5M2>(a, b, kvh, r0, r1, scratch);
+    else
+      task<D, 0>(a, b, kvh, r0, r1, scratch);
+  };
   if (a.D == 64)
-    task<64>(a, b, kvh, r0, r1, scratch);
+    with_kv(std::integral_constant<int, 64>{});
   else
-    task<128>(a, b, kvh, r0, r1, scratch);
+    with_kv(std::integral_constant<int, 128>{});
 }
 
 }  // namespace avx512

@@ -44,8 +44,9 @@ struct DecodeAttnArgs {
 // ---- paged extend (prompt) attention ------------------------------------------------
 // The new tokens of several sequences, back to back in q; token j of a sequence with p
 // cached tokens sees keys 0 .. p + j (its own K/V already written to the pages). bfloat16
-// q, caches and out; head_dim 64 or 128 (the AVX-512 build only: `extend_attention` is
-// null in a set without it).
+// q and out, caches bfloat16 or fp8 (read as bfloat16, exactly: every e4m3 / e5m2 value is
+// one); head_dim 64 or 128 (the AVX-512 build only: `extend_attention` is null in a set
+// without it).
 struct ExtendAttnArgs {
   const void* q;          // [T, H, D], strides below (elements)
   int64_t q_stride_t, q_stride_h;
@@ -58,7 +59,9 @@ struct ExtendAttnArgs {
   const int64_t* q_start;      // [B]: the sequence's first row of q
   void* out;              // [T, H, D] contiguous
   int64_t H, KVH, D, S;
-  float scale;
+  float scale;            // times the key scale of an fp8 cache (and 256 for e4m3, as DecodeAttnArgs)
+  int kv_dtype = 0;       // of the caches: 0 = bfloat16, 1 = float8_e4m3fn, 2 = float8_e5m2
+  float v_mult = 1.0f;    // the outputs' factor: an fp8 cache's value scale (and 256 for e4m3)
 };
 // One task: sequence b, kv head kvh (all its query heads), query rows [r0, r1) of b (at
 // most EXTEND_TASK_ROWS). Floats of scratch a task needs: extend_attention_scratch.
