@@ -565,7 +565,6 @@ std::pair<at::Tensor, at::Tensor> checked_rope_rows(const at::Tensor& positions,
   return {pos, sl};
 }
 
-
 // k_scale / v_scale: an fp8 cache's scales (a value is stored as x / scale); 1 otherwise.
 at::Tensor rope_kv(const KernelSet& k, const at::Tensor& qkv, int64_t rows, int64_t H, int64_t KVH, const at::Tensor& cos_sin,
                    const at::Tensor& positions, const at::Tensor& slots, const at::Tensor& k_cache,
