@@ -16,6 +16,7 @@ Writes benchmarks/results/long_prompt_matmul.md.
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 from pathlib import Path
@@ -39,6 +40,9 @@ def best_ms(fn, repeats: int = 15) -> float:
 
 
 def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=RESULTS / "long_prompt_matmul.md")
+    args = ap.parse_args()
     flags = cpu_ext.read_cpu_flags()
     kernels = cpu_ext.load()
     if kernels is None:
@@ -85,7 +89,7 @@ def main() -> int:
             lines.append(f"| {m} | " + " | ".join(cells) + " |")
         lines.append("")
     text = "\n".join(lines)
-    (RESULTS / "long_prompt_matmul.md").write_text(text)
+    args.out.write_text(text)
     print(text)
     return 0
 

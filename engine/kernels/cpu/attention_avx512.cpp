@@ -37,9 +37,10 @@ constexpr int64_t MAX_DV = 16;  // head_dim / 16
 inline __m512 load16_fp8(const void* p, int kt) {
   const __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)p));
   if (kt == KV_E5M2) return _mm512_cvtph_ps(_mm256_slli_epi16(b, 8));
-  const __m256i sign = _mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x80)), 8);
-  const __m256i mag = _mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x7f)), 7);
-  return _mm512_cvtph_ps(_mm256_or_si256(sign, mag));
+  // The byte to the top (sign at bit 15), one arithmetic shift down (exponent and mantissa
+  // to float16's places, the sign copied into bit 14), bit 14 cleared: three ops.
+  const __m256i h = _mm256_and_si256(_mm256_srai_epi16(_mm256_slli_epi16(b, 8), 1), _mm256_set1_epi16((short)0xBFFF));
+  return _mm512_cvtph_ps(h);
 }
 
 template <int DT, int KT>

@@ -96,8 +96,7 @@ inline __m512i load32_bf16(const char* p) {
     if constexpr (KT == KV_E5M2) {
       h = _mm512_slli_epi16(b, 8);
     } else {
-      const __m512i sign = _mm512_slli_epi16(_mm512_and_si512(b, _mm512_set1_epi16(0x80)), 8);
-      h = _mm512_or_si512(sign, _mm512_slli_epi16(_mm512_and_si512(b, _mm512_set1_epi16(0x7f)), 7));
+      h = _mm512_and_si512(_mm512_srai_epi16(_mm512_slli_epi16(b, 8), 1), _mm512_set1_epi16((short)0xBFFF));
     }
     const __m512 lo = _mm512_cvtph_ps(_mm512_castsi512_si256(h)), hi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
     return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
