@@ -63,12 +63,9 @@ def decode_attention(kernels: ModuleType, q, k_cache, v_cache, page_table, seq_l
         return reference.decode_attention(q, k_cache, v_cache, page_table, seq_lens, scale)
     if q.stride(-1) != 1:
         q = q.contiguous()
-    ks, vs = kv_fp8.scale_of(k_cache), kv_fp8.scale_of(v_cache)
-    if ks is None:
-        return kernels.decode_attention(q, k_cache, v_cache, page_table, seq_lens.to(torch.int32), scale)
     # An fp8 cache is read in place; its scales are folded into the kernel's (see kv_fp8.py).
     return kernels.decode_attention(q, k_cache, v_cache, page_table, seq_lens.to(torch.int32), scale,
-                                    float(ks), float(vs))
+                                    kv_fp8.scale_value(k_cache), kv_fp8.scale_value(v_cache))
 
 
 def fills_extend_lanes(extend_lens: list[int], group: int) -> bool:
@@ -166,11 +163,8 @@ def long_extend(kernels: ModuleType, q, k_cache, v_cache, page_table, prefix_len
     place, its scales folded into the kernel's as decode_attention folds them."""
     if page_table.dtype != torch.int32:
         page_table = page_table.to(torch.int32)
-    ks, vs = kv_fp8.scale_of(k_cache), kv_fp8.scale_of(v_cache)
-    if ks is None or vs is None:
-        return kernels.extend_attention(q, k_cache, v_cache, page_table, prefix_lens, extend_lens, scale)
     return kernels.extend_attention(q, k_cache, v_cache, page_table, prefix_lens, extend_lens, scale,
-                                    float(ks), float(vs))
+                                    kv_fp8.scale_value(k_cache), kv_fp8.scale_value(v_cache))
 
 
 def extend_attention(kernels: ModuleType, q, k_cache, v_cache, page_table, prefix_lens, extend_lens,

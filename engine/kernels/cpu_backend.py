@@ -129,14 +129,8 @@ class CpuKernelBackend(TorchBackend):
                 qkv = torch.cat((qk.reshape(qkv.shape[0], qk_size), qkv[:, qk_size:]), dim=1)
             # An fp8 cache is written by the kernel too, each value x / scale rounded as
             # kv_fp8.store rounds it (the same bytes).
-            scales = (_scale(k_cache), _scale(v_cache)) if fp8 else (1.0, 1.0)
             return self.kernels.rope_kv(
-                qkv, rows, num_heads, num_kv_heads, rope.table, rope.positions, slots, k_cache, v_cache, *scales
+                qkv, rows, num_heads, num_kv_heads, rope.table, rope.positions, slots, k_cache, v_cache,
+                kv_fp8.scale_value(k_cache), kv_fp8.scale_value(v_cache),
             )
         return super().rope_write_kv(qkv, rows, rope, k_cache, v_cache, slots, num_heads, num_kv_heads, head_dim, qk)
-
-
-def _scale(cache: torch.Tensor) -> float:
-    """An fp8 cache's scale as a number (a view without one stores values as they are)."""
-    scale = kv_fp8.scale_of(cache)
-    return 1.0 if scale is None else float(scale)

@@ -54,6 +54,13 @@ def scale_of(cache: torch.Tensor) -> torch.Tensor | None:
     return getattr(cache, "kv_scale", None) if is_fp8_kv(cache) else None
 
 
+def scale_value(cache: torch.Tensor) -> float:
+    """scale_of as the CPU kernels take it: a number, 1.0 where there is none (a cache of the
+    model's dtype, or an fp8 view without one, whose values are stored as they are)."""
+    scale = scale_of(cache)
+    return 1.0 if scale is None else float(scale)
+
+
 def load(x: torch.Tensor, cache: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Values gathered from `cache` in `dtype`: dequantised when it is an fp8 cache."""
     scale = scale_of(cache)

@@ -133,6 +133,16 @@ int kv_cache_format(const at::Tensor& k_cache, const at::Tensor& v_cache, at::Sc
   return 0;
 }
 
+// The attention kernels' two factors for a cache of format `kv_dtype` (kv_cache_format): the
+// score scale (scale times an fp8 cache's key scale) and the outputs' factor (its value
+// scale), each times 256 for e4m3, which the kernels read as value / 256 (load16_fp8). A
+// cache in the activations' dtype has neither scale.
+std::pair<float, float> attention_scales(int kv_dtype, double scale, double k_scale, double v_scale) {
+  if (kv_dtype == 0) k_scale = v_scale = 1.0;
+  const double fp8_mult = kv_dtype == 1 ? 256.0 : 1.0;
+  return {(float)(scale * k_scale * fp8_mult), (float)(v_scale * fp8_mult)};
+}
+
 // Checks the caches, page table and lengths against q's shape [B, H, D] and plans the tasks
 // for `threads` threads; the caller sets a.q (and strides), a.k_cache, a.v_cache and a.out.
 DecodeAttnPlan plan_decode_attention(const KernelSet& k, int64_t B, int64_t H, int64_t D, int q_dtype,
@@ -141,16 +151,8 @@ DecodeAttnPlan plan_decode_attention(const KernelSet& k, int64_t B, int64_t H, i
                                      int64_t threads) {
   TORCH_CHECK(k_cache.dim() == 4 && k_cache.stride(3) == 1 && v_cache.strides() == k_cache.strides(),
               "caches must be [pages, page_size, kv_heads, D] with equal strides");
-  int kv_dtype = 0;
-  if (k_cache.scalar_type() == at::kFloat8_e4m3fn) kv_dtype = 1;
-  else if (k_cache.scalar_type() == at::kFloat8_e5m2) kv_dtype = 2;
-  else
-    TORCH_CHECK((q_dtype == 0 ? at::kFloat : at::kBFloat16) == k_cache.scalar_type(),
-                "q and the caches must share a dtype (or the caches be fp8)");
-  TORCH_CHECK(v_cache.scalar_type() == k_cache.scalar_type(), "the caches must share a dtype");
-  // e4m3 values are read as value / 256 (see load16_fp8): the factor joins the scales.
-  const double fp8_mult = kv_dtype == 1 ? 256.0 : 1.0;
-  if (kv_dtype == 0) k_scale = v_scale = 1.0;
+  const int kv_dtype = kv_cache_format(k_cache, v_cache, q_dtype == 0 ? at::kFloat : at::kBFloat16, "decode_attention");
+  const auto [score_scale, v_mult] = attention_scales(kv_dtype, scale, k_scale, v_scale);
   TORCH_CHECK(page_table.scalar_type() == at::kInt && seq_lens.scalar_type() == at::kInt,
               "page_table and seq_lens must be int32");
   const int64_t S = k_cache.size(1), KVH = k_cache.size(2);
@@ -193,7 +195,7 @@ DecodeAttnPlan plan_decode_attention(const KernelSet& k, int64_t B, int64_t H, i
   p.partial.resize(tasks > B ? tasks * H * (D + 2) : 0);
   p.a = DecodeAttnArgs{nullptr, 0, 0, nullptr, nullptr, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
                        p.pt.data_ptr<int32_t>(), p.pt.stride(0), len, nullptr, p.partial.data(), B, H, KVH, D, S,
-                       chunk, (float)(scale * k_scale * fp8_mult), q_dtype, kv_dtype, (float)(v_scale * fp8_mult)};
+                       chunk, score_scale, q_dtype, kv_dtype, v_mult};
   p.scratch = B > 0 ? k.decode_attention_scratch(p.a) : 0;
   // Each thread a run of tasks holding about as many keys as the others' (a task costs its
   // tokens plus about TASK_FIXED_TOKENS for its queries, softmax and partial): rows of very
@@ -257,9 +259,7 @@ at::Tensor extend_attention(const KernelSet& k, const at::Tensor& q, const at::T
   TORCH_CHECK(k_cache.dim() == 4 && k_cache.stride(3) == 1 && v_cache.strides() == k_cache.strides() &&
                   (kv_dtype != 0 || k_cache.stride(2) % 2 == 0),
               "caches must be bfloat16 or fp8 [pages, page_size, kv_heads, D] with equal strides");
-  // As decode_attention folds them: e4m3 is read as value / 256.
-  const double fp8_mult = kv_dtype == 1 ? 256.0 : 1.0;
-  if (kv_dtype == 0) k_scale = v_scale = 1.0;
+  const auto [score_scale, v_mult] = attention_scales(kv_dtype, scale, k_scale, v_scale);
   const int64_t T = q.size(0), H = q.size(1), D = q.size(2), S = k_cache.size(1), KVH = k_cache.size(2);
   TORCH_CHECK((D == 64 || D == 128) && k_cache.size(3) == D, "head_dim must be 64 or 128");
   TORCH_CHECK(H % KVH == 0, "query heads must be a multiple of the kv heads");
@@ -298,8 +298,7 @@ at::Tensor extend_attention(const KernelSet& k, const at::Tensor& q, const at::T
   for (size_t i = 0; i < order.size(); ++i) dealt[i % 2 == 0 ? lo++ : --hi] = order[i];
   ExtendAttnArgs a{q.data_ptr(), q.stride(0), q.stride(1), k_cache.data_ptr(), v_cache.data_ptr(),
                    k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), pt.data_ptr<int32_t>(), pt.stride(0),
-                   p, start.data(), out.data_ptr(), H, KVH, D, S, (float)(scale * k_scale * fp8_mult),
-                   kv_dtype, (float)(v_scale * fp8_mult)};
+                   p, start.data(), out.data_ptr(), H, KVH, D, S, score_scale, kv_dtype, v_mult};
   parallel_with_scratch((int64_t)dealt.size(), k.extend_attention_scratch(a), [&](int64_t begin, int64_t end,
                                                                                     float* mine) {
     for (int64_t i = begin; i < end; ++i) {

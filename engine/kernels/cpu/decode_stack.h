@@ -314,15 +314,17 @@ class DecodeStack {
     }
     RopeKVArgs rope{qkv.data_ptr(), QKV, H_, KVH_, D_, cos_sin.data_ptr(), p, s, q.data_ptr(), nullptr, nullptr, dt,
                     kv_dtype};
-    // Each layer's attention scales as decode_attention's plan folds them (fp8: the key scale
-    // into the score scale, the value scale into the outputs', e4m3 read as value / 256).
-    const double fp8_mult = kv_dtype == 1 ? 256.0 : 1.0;
-    std::vector<std::pair<float, float>> attn_scales(L);
+    // Each layer's scales, once before the region: the rotary write's (an fp8 cache stores
+    // x / scale) and attention's, folded as decode_attention's plan folds them.
+    struct LayerScales {
+      float k, v, score, v_mult;
+    };
+    std::vector<LayerScales> layer_scales(L);
     for (int64_t i = 0; i < L; ++i) {
       const auto [ks, vs] = kv_scale(i);
-      attn_scales[i] = kv_dtype == 0 ? std::pair<float, float>{(float)scale_, 1.0f}
-                                     : std::pair<float, float>{(float)(scale_ * ks * fp8_mult), (float)(vs * fp8_mult)};
       if (kv_dtype != 0) TORCH_CHECK(ks > 0 && vs > 0, "decode stack: kv scales must be positive");
+      const auto [score, v_mult] = attention_scales(kv_dtype, scale_, ks, vs);
+      layer_scales[i] = {(float)ks, (float)vs, score, v_mult};
     }
     DecodeAttnArgs attn = plan.a;
     attn.q = q.data_ptr();
@@ -357,13 +359,15 @@ class DecodeStack {
         RopeKVArgs ri = rope;
         ri.k_cache = k_caches[i].data_ptr();
         ri.v_cache = v_caches[i].data_ptr();
-        if (kv_dtype != 0) std::tie(ri.k_scale, ri.v_scale) = std::pair<float, float>(kv_scale(i));
+        ri.k_scale = layer_scales[i].k;
+        ri.v_scale = layer_scales[i].v;
         k.rope_kv_rows(ri, r0, r1);
         sync();
         DecodeAttnArgs ai = attn;
         ai.k_cache = k_caches[i].data_ptr();
         ai.v_cache = v_caches[i].data_ptr();
-        std::tie(ai.scale, ai.v_mult) = attn_scales[i];
+        ai.scale = layer_scales[i].score;
+        ai.v_mult = layer_scales[i].v_mult;
         for (int64_t r = t; r < plan.runs; r += nt) plan.run(k, ai, r, mine);
         if (plan.chunked() || pr[1].quantizes()) {
           sync();
