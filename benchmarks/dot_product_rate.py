@@ -138,16 +138,19 @@ def run(threads: int, count: int, context: int) -> str:
     module = load_inline("preheat_dot_rate", cpp_sources=[SOURCE], functions=["dot_rate"],
                          extra_cflags=["-O2", "-mavx512f", "-mavx512bw", "-mavx512bf16", "-mavx512vnni"],
                          verbose=False)  # fmt: skip
+
+    def best(kind: int, n: int) -> float:  # instructions per second, best of 3
+        return max(module.dot_rate(kind, n, count) for _ in range(3))
+
     rates = {}
     for kind, (name, _, _) in enumerate(INSTRUCTIONS):
         module.dot_rate(kind, threads, count // 10)  # warm: clocks up
-        rates[name] = max(module.dot_rate(kind, threads, count) for _ in range(3))
-        one = max(module.dot_rate(kind, 1, count) for _ in range(3))
-        rates[name + " (1 thread)"] = one
+        rates[name] = best(kind, threads)
+        rates[name + " (1 thread)"] = best(kind, 1)
     pair_rates = {}
     for kind, _, _ in PAIRS:
         module.dot_rate(kind, threads, count // 10)
-        pair_rates[kind] = max(module.dot_rate(kind, threads, count) for _ in range(3))
+        pair_rates[kind] = best(kind, threads)
     facts = model_facts()
     weights = facts.weights
     rates_gbps.append(bandwidth.measure(threads).best)
