@@ -83,6 +83,20 @@ def measure(args: argparse.Namespace) -> list[dict]:
     return rows
 
 
+def on_machines(script: str, argv: list[str], machines: list[str]) -> dict:
+    """Runs `script --child argv` once per machine (a child process with that machine's
+    environment) and returns each child's result: the JSON on its stdout line `ROWS ...`."""
+    results = {}
+    for machine in machines:
+        command = [sys.executable, script, "--child", *argv]
+        out = subprocess.run(command, env={**os.environ, **MACHINES[machine]}, capture_output=True, text=True)
+        if out.returncode != 0:
+            sys.stderr.write(out.stderr)
+            raise SystemExit(f"the {machine} machine's run failed")
+        results[machine] = json.loads(next(line[5:] for line in out.stdout.splitlines() if line.startswith("ROWS ")))
+    return results
+
+
 def median(values: list[float]) -> float:
     values = sorted(values)
     mid = len(values) // 2
@@ -155,16 +169,9 @@ def main() -> int:
     if args.child:
         print("ROWS " + json.dumps(measure(args)))
         return 0
-    results = {}
-    for machine in args.machines:
-        argv = [sys.executable, __file__, "--child", "--conversations", str(args.conversations), "--turns",
-                str(args.turns), "--max-tokens", str(args.max_tokens), "--repeats", str(args.repeats),
-                "--dtypes", *args.dtypes]  # fmt: skip
-        out = subprocess.run(argv, env={**os.environ, **MACHINES[machine]}, capture_output=True, text=True)
-        if out.returncode != 0:
-            sys.stderr.write(out.stderr)
-            raise SystemExit(f"the {machine} machine's run failed")
-        results[machine] = json.loads(next(line[5:] for line in out.stdout.splitlines() if line.startswith("ROWS ")))
+    argv = ["--conversations", str(args.conversations), "--turns", str(args.turns), "--max-tokens",
+            str(args.max_tokens), "--repeats", str(args.repeats), "--dtypes", *args.dtypes]  # fmt: skip
+    results = on_machines(__file__, argv, args.machines)
     import torch
 
     text = report(results, args, torch.get_num_threads())

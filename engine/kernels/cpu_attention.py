@@ -9,13 +9,14 @@ A short extend (a few new tokens per sequence, e.g. a speculative-decoding verif
 the decode problem once per new token: token j of a sequence with p cached tokens sees
 p + j + 1 keys. `plan_short_extend` turns it into decode rows (the page-table row repeated,
 one length per token), so it can run on the same kernel. Prompt chunks run on the extend
-kernel (extend_attention_avx512.cpp: one (new token, query head) pair per vector lane,
-online softmax over the pages; bfloat16, head_dim 64 / 128, the AVX-512 build), 0.19-0.24x
+kernel (one (new token, query head) pair per vector lane, online softmax over the pages;
+head_dim 64 / 128): extend_attention_avx512.cpp for bfloat16 on the AVX-512 build, 0.19-0.24x
 the reference's time per layer (gather + SDPA) at 256-512 new tokens or 128 over 640 cached
-(SmolLM2's heads, 2 threads). A short extend goes there too when its lanes are full enough
-(`fills_extend_lanes`): decode rows read every key once per new token, the extend kernel
-once per 16 lanes. Anything else stays on the SDPA paths (engine/kernels/batched_extend.py,
-reference.py).
+(SmolLM2's heads, 2 threads); extend_attention_avx2.cpp (float32 FMAs, 8 lanes) for the
+AVX2 build and for float32 queries on either. A short extend goes there too when its lanes
+are full enough (`fills_extend_lanes`): decode rows read every key once per new token, the
+extend kernel once per vector of lanes. Anything else stays on the SDPA paths
+(engine/kernels/batched_extend.py, reference.py).
 
 Every function that runs a kernel takes the kernels module (engine/kernels/cpu_ext.py's
 build) as its first argument; engine/kernels/cpu_backend.py holds it.
@@ -34,12 +35,17 @@ from preheat.engine.kernels import kv_fp8, reference
 
 # New tokens per sequence up to which an extend may run as decode rows.
 SHORT_EXTEND = 16
-# Where the extend kernel takes a short extend: at least this many of a vector's 16 lanes
-# used, on average over the extend. One vector of lanes (every key read once for it) cost
-# what decode rows for 4.3 (head_dim 64, no grouping), 6.2 (SmolLM2: 3 query heads a kv
-# head) and 10.5 (head_dim 128, 4 a group) (new token, head) pairs cost: measured at contexts
-# of 600, 1 and 7 sequences, 2 threads, Zen 4 (SmolLM2's 5-token verify: 2.1x faster there).
-EXTEND_KERNEL_MIN_FILL = 9
+# Where the extend kernel takes a short extend: at least this many of a vector's lanes used,
+# on average over the extend, by the kernel's lanes a vector (extend_kernel_lanes). 16 lanes
+# (the AVX-512 build, bfloat16): one vector of lanes (every key read once for it) cost what
+# decode rows for 4.3 (head_dim 64, no grouping), 6.2 (SmolLM2: 3 query heads a kv head) and
+# 10.5 (head_dim 128, 4 a group) (new token, head) pairs cost: measured at contexts of 600,
+# 1 and 7 sequences, 2 threads, Zen 4 (SmolLM2's 5-token verify: 2.1x faster there). 8 lanes
+# (the AVX2 kernel, float32 FMAs; 2026-12-07, same host and contexts, the AVX2 build forced):
+# 6 of 8 lanes took 0.76-1.03x the decode rows' time (SmolLM2, 2-token verifies), 8 of 8
+# 0.59-1.42x (head_dim 128, 4 a group; 0.91x on average), 4.5 of 8 0.92-1.26x, 3 or 4 of 8
+# 1.05-1.96x.
+EXTEND_KERNEL_MIN_FILL = {16: 9, 8: 6}
 
 
 def eligible(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
@@ -68,12 +74,19 @@ def decode_attention(kernels: ModuleType, q, k_cache, v_cache, page_table, seq_l
                                     kv_fp8.scale_value(k_cache), kv_fp8.scale_value(v_cache))
 
 
-def fills_extend_lanes(extend_lens: list[int], group: int) -> bool:
-    """Whether the extend kernel's vectors, 16 (new token, query head) pairs each, are full
-    enough for it to beat decode rows on this extend (`group`: query heads per kv head)."""
+def extend_kernel_lanes(kernels: ModuleType, dtype: torch.dtype) -> int:
+    """(new token, query head) pairs in one vector of the extend kernel these queries run on:
+    16 on the AVX-512 build's bfloat16 kernel, 8 on the AVX2 kernel (which the AVX-512 build
+    hands float32 queries)."""
+    return 16 if getattr(kernels, "isa", "") == "avx512" and dtype == torch.bfloat16 else 8
+
+
+def fills_extend_lanes(extend_lens: list[int], group: int, width: int = 16) -> bool:
+    """Whether the extend kernel's vectors, `width` (new token, query head) pairs each, are
+    full enough for it to beat decode rows on this extend (`group`: query heads per kv head)."""
     lanes = sum(e * group for e in extend_lens)
-    vectors = sum(-(-e * group // 16) for e in extend_lens)
-    return lanes >= EXTEND_KERNEL_MIN_FILL * vectors
+    vectors = sum(-(-e * group // width) for e in extend_lens)
+    return lanes >= EXTEND_KERNEL_MIN_FILL[width] * vectors
 
 
 @dataclass
@@ -85,16 +98,17 @@ class ShortExtend:
     seq_lens: torch.Tensor  # int32 [T]
     prefix_lens: torch.Tensor  # int32 [B]
     extend_lens: torch.Tensor  # int32 [B]
-    _fills: dict[int, bool] = field(default_factory=dict)
+    _fills: dict[tuple[int, int], bool] = field(default_factory=dict)
 
     def on_extend_kernel(self, kernels: ModuleType, q: torch.Tensor, k_cache: torch.Tensor) -> bool:
-        """Whether this layer runs it on the extend kernel (decided once per group size)."""
+        """Whether this layer runs it on the extend kernel (decided once per group size and
+        lane width)."""
         if not long_extend_eligible(kernels, q, k_cache):
             return False
-        group = q.shape[1] // k_cache.shape[2]
-        if group not in self._fills:
-            self._fills[group] = fills_extend_lanes(self.extend_lens.tolist(), group)
-        return self._fills[group]
+        key = (q.shape[1] // k_cache.shape[2], extend_kernel_lanes(kernels, q.dtype))
+        if key not in self._fills:
+            self._fills[key] = fills_extend_lanes(self.extend_lens.tolist(), *key)
+        return self._fills[key]
 
 
 def plan_short_extend(
@@ -142,18 +156,18 @@ class LongExtend:
 
 
 def long_extend_eligible(kernels: ModuleType, q: torch.Tensor, k_cache: torch.Tensor) -> bool:
-    """Whether the extend kernel takes these queries and this cache: the AVX-512 build,
-    bfloat16 queries, bfloat16 or fp8 pages, head_dim 64 or 128, whole query groups."""
+    """Whether the extend kernel takes these queries and this cache: bfloat16 or float32
+    queries (bfloat16 ones even-strided: read in pairs), pages of their dtype or fp8,
+    head_dim 64 or 128, whole query groups."""
     return (
         getattr(kernels, "has_extend_attention", False)
         and q.device.type == "cpu"
-        and q.dtype == torch.bfloat16
-        and (k_cache.dtype == torch.bfloat16 or kv_fp8.is_fp8_kv(k_cache))
+        and q.dtype in (torch.bfloat16, torch.float32)
+        and (k_cache.dtype == q.dtype or kv_fp8.is_fp8_kv(k_cache))
         and q.shape[-1] in (64, 128)
         and q.shape[1] % k_cache.shape[2] == 0
         and q.stride(-1) == 1
-        and q.stride(0) % 2 == 0
-        and q.stride(1) % 2 == 0
+        and (q.dtype == torch.float32 or (q.stride(0) % 2 == 0 and q.stride(1) % 2 == 0))
     )
 
 

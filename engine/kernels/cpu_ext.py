@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 
 SOURCE_DIR = Path(__file__).parent / "cpu"
 SOURCES = ("bindings.cpp", "attention_avx512.cpp", "extend_attention_avx512.cpp", "gemm_bf16_avx512.cpp", "gemm_bf16_amx.cpp", "gemm_f32_avx512.cpp", "gemm_int8_avx512.cpp",
-           "elementwise_avx512.cpp", "attention_avx2.cpp", "gemm_avx2.cpp", "elementwise_avx2.cpp")
+           "elementwise_avx512.cpp", "attention_avx2.cpp", "extend_attention_avx2.cpp", "gemm_avx2.cpp", "elementwise_avx2.cpp")
 # Each instruction set's code generation is switched on inside its kernel files (#pragma
 # GCC target); the flags here hold for every file, so the module loads on any x86-64 CPU.
 CFLAGS = ("-O3", "-fopenmp", "-std=c++17")

@@ -142,7 +142,7 @@ def verify_steps(monkeypatch, model_dir, stacked: bool, rows: int) -> tuple[list
     kernel is kept out), the form the stack runs it in."""
     monkeypatch.setenv(decode_stack.ENV_SWITCH, "1" if stacked else "0")
     monkeypatch.setattr(decode_stack, "VERIFY_ROWS", rows)
-    monkeypatch.setattr(cpu_attention, "EXTEND_KERNEL_MIN_FILL", 17)  # no lanes fill: decode rows
+    monkeypatch.setattr(cpu_attention, "EXTEND_KERNEL_MIN_FILL", {16: 17, 8: 9})  # no lanes fill: decode rows
     llm = LLM(model=str(model_dir), max_total_tokens=4096, page_size=16, dtype="bfloat16",
               speculative_method="ngram", speculative_gate="always", num_speculative_tokens=4)  # fmt: skip
     llm.engine.speculator.drafter = RepeatDrafter()

@@ -1,7 +1,8 @@
-"""Prompt chunks on the CPU extend kernel (engine/kernels/cpu/extend_attention_avx512.cpp):
-a bfloat16 model with head_dim 64 prefills through it — first chunks, chunks over a cached
-prefix, several prompts in one step — and scores its prompts as the PyTorch backend's SDPA
-path does, within bfloat16's rounding."""
+"""Prompt chunks on the CPU extend kernel (engine/kernels/cpu/extend_attention_avx512.cpp for
+bfloat16 on the AVX-512 build, extend_attention_avx2.cpp for the AVX2 build and float32): a
+model with head_dim 64 prefills through it — first chunks, chunks over a cached prefix,
+several prompts in one step — and scores its prompts as the PyTorch backend's SDPA path
+does, within bfloat16's rounding (float32: within float32's)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,7 @@ from preheat.engine import LLM, SamplingParams
 from preheat.engine.kernels import cpu_attention, cpu_ext
 
 kernels = cpu_ext.load()
-pytestmark = pytest.mark.skipif(kernels is None or not kernels.has_extend_attention,
-                                reason="the extend kernel is the AVX-512 build's")
+pytestmark = pytest.mark.skipif(kernels is None, reason=cpu_ext.unavailable_reason or "no CPU kernels here")
 
 
 @pytest.fixture(scope="module")
@@ -52,10 +52,17 @@ def test_prompts_prefill_on_the_extend_kernel_and_score_like_sdpa(head_dim_64, m
     cached = prompt_logprobs(ours, prompts[2:])  # the third extends the first one's cached 100 tokens
     assert calls, "no prompt chunk ran on the extend kernel"
     calls.clear()
-    float32 = prompt_logprobs(LLM(dtype="float32", **kw), prompts)  # the kernel takes bfloat16 only
+    float32 = LLM(dtype="float32", **kw)
+    f32_first = prompt_logprobs(float32, prompts[:2])
+    f32_cached = prompt_logprobs(float32, prompts[2:])
+    assert calls, "no float32 prompt chunk ran on the extend kernel"
+    calls.clear()
     monkeypatch.setattr(cpu_attention, "long_extend_eligible", lambda *a: False)
     sdpa = LLM(dtype="bfloat16", **kw)
     with_sdpa = prompt_logprobs(sdpa, prompts[:2]) + prompt_logprobs(sdpa, prompts[2:])
+    sdpa32 = LLM(dtype="float32", **kw)
+    float32_sdpa = prompt_logprobs(sdpa32, prompts[:2]) + prompt_logprobs(sdpa32, prompts[2:])
     assert not calls
-    assert mean_gap(first + cached, float32) <= 1.15 * mean_gap(with_sdpa, float32) + 0.01
+    assert mean_gap(f32_first + f32_cached, float32_sdpa) < 1e-3  # float32 on the kernel: SDPA's answer
+    assert mean_gap(first + cached, float32_sdpa) <= 1.15 * mean_gap(with_sdpa, float32_sdpa) + 0.01
     assert mean_gap(first + cached, with_sdpa) < 0.1

@@ -93,24 +93,45 @@ def test_decode_attention_matches_the_reference(batch, kvh, group, hd, page_size
     group=st.sampled_from([1, 2, 3, 4, 7, 17]),  # 7, 17: rows whose heads straddle two vectors
     hd=st.sampled_from([64, 128]),
     page_size=st.sampled_from([1, 4, 16]),
+    dtype=DTYPES,
     seed=st.integers(0, 2**16),
 )
-def test_extend_attention_matches_the_reference(extends, kvh, group, hd, page_size, seed, kernels):
-    """A prompt chunk per sequence (prefix cached, new tokens causal among themselves) in
-    bfloat16, (new token, query head) pairs in the lanes; the reference is SDPA over the
-    gathered context."""
-    if not kernels.has_extend_attention:  # the AVX-512 build's
-        with pytest.raises(RuntimeError, match="extend_attention: not in the avx2 build"):
-            kernels.extend_attention(torch.zeros((1, 1, 64), dtype=torch.bfloat16), *([torch.zeros(1)] * 5), 1.0)
-        return
+def test_extend_attention_matches_the_reference(extends, kvh, group, hd, page_size, dtype, seed, kernels):
+    """A prompt chunk per sequence (prefix cached, new tokens causal among themselves),
+    (new token, query head) pairs in the lanes, in bfloat16 and float32 (the AVX-512 build
+    hands float32 to the AVX2 build's kernel); the reference is SDPA over the gathered
+    context."""
+    assert kernels.has_extend_attention
     g = torch.Generator().manual_seed(seed)
     prefix = [p for p, _ in extends]
     extend = [e for _, e in extends]
-    k_cache, v_cache, table = paged_cache(g, [p + e for p, e in extends], page_size, kvh, hd, torch.bfloat16)
-    q = torch.randn((sum(extend), kvh * group, hd), generator=g).to(torch.bfloat16)
+    k_cache, v_cache, table = paged_cache(g, [p + e for p, e in extends], page_size, kvh, hd, dtype)
+    q = torch.randn((sum(extend), kvh * group, hd), generator=g).to(dtype)
     expected = reference.extend_attention(q, k_cache, v_cache, table, prefix, extend, hd**-0.5)
     got = kernels.extend_attention(q, k_cache, v_cache, table, torch.tensor(prefix), torch.tensor(extend), hd**-0.5)
-    close(got, expected, torch.bfloat16)
+    assert got.dtype == dtype
+    close(got, expected, dtype)
+
+
+def test_extend_attention_refuses_what_it_does_not_take(kernels):
+    """Queries of another dtype, caches of neither q's dtype nor fp8, odd-strided bfloat16
+    queries, other head sizes: a clear error, not a wrong answer."""
+    g = torch.Generator().manual_seed(0)
+    k_cache, v_cache, table = paged_cache(g, [20], 16, 1, 64, torch.bfloat16)
+    args = (table, torch.tensor([4]), torch.tensor([16]), 0.125)
+    q = torch.randn((16, 2, 64), generator=g)
+    with pytest.raises(RuntimeError, match="float32 or bfloat16 expected"):
+        kernels.extend_attention(q.half(), k_cache, v_cache, *args)
+    with pytest.raises(RuntimeError, match="caches must be of the activation dtype or fp8"):
+        kernels.extend_attention(q, k_cache, v_cache, *args)  # float32 queries, bfloat16 pages
+    odd = torch.randn((16, 2, 65), generator=g).to(torch.bfloat16)[:, :, :64]
+    with pytest.raises(RuntimeError, match="even-strided"):
+        kernels.extend_attention(odd, k_cache, v_cache, *args)
+    k96, v96, t96 = paged_cache(g, [20], 16, 1, 96, torch.float32)
+    with pytest.raises(RuntimeError, match="head_dim must be 64 or 128"):
+        kernels.extend_attention(torch.randn((16, 2, 96), generator=g), k96, v96, t96, *args[1:])
+    assert not cpu_attention.long_extend_eligible(kernels, odd, k_cache)
+    assert cpu_attention.long_extend_eligible(kernels, q, k_cache.float())
 
 
 @SETTINGS
@@ -122,16 +143,15 @@ def test_extend_attention_matches_the_reference(extends, kvh, group, hd, page_si
     page_size=st.sampled_from([1, 16]),
     fp8=st.sampled_from([torch.float8_e4m3fn, torch.float8_e5m2]),
     scales=st.tuples(st.sampled_from([2.0**-6, 0.25, 1.0]), st.sampled_from([2.0**-8, 0.5, 2.0])),
+    dtype=DTYPES,
     seed=st.integers(0, 2**16),
 )
 def test_extend_attention_reads_fp8_pages_in_place_like_the_reference(
-    extends, kvh, group, hd, page_size, fp8, scales, seed, kernels
+    extends, kvh, group, hd, page_size, fp8, scales, dtype, seed, kernels
 ):
     """A prompt chunk over an fp8 cache (either format, subnormals included): the extend
-    kernel widens the bytes to bfloat16 as it reads them, against the PyTorch path, which
-    dequantises the same bytes."""
-    if not kernels.has_extend_attention:
-        return  # the AVX-512 build's (the refusal is test_extend_attention_matches_the_reference's)
+    kernel widens the bytes as it reads them (exactly: each fp8 value is a bfloat16 one),
+    against the PyTorch path, which dequantises the same bytes."""
     g = torch.Generator().manual_seed(seed)
     prefix, extend = [p for p, _ in extends], [e for _, e in extends]
     k_full, v_full, table = paged_cache(g, [p + e for p, e in extends], page_size, kvh, hd, torch.float32)
@@ -140,14 +160,14 @@ def test_extend_attention_reads_fp8_pages_in_place_like_the_reference(
     spread = torch.logspace(-4, 1, hd)  # tiny (subnormal) to large values in every row
     for full, q8 in ((k_full, k8), (v_full, v8)):
         q8.copy_(kv_fp8.store(full * spread * q8.kv_scale, q8))
-    q = torch.randn((sum(extend), kvh * group, hd), generator=g).to(torch.bfloat16)
+    q = torch.randn((sum(extend), kvh * group, hd), generator=g).to(dtype)
     expected = reference.extend_attention(q, k8, v8, table, prefix, extend, hd**-0.5)
     got = kernels.extend_attention(q, k8, v8, table, torch.tensor(prefix), torch.tensor(extend), hd**-0.5,
                                    scales[0], scales[1])
-    close(got, expected, torch.bfloat16, scale=max(1.0, float(expected.abs().max())))
+    close(got, expected, dtype, scale=max(1.0, float(expected.abs().max())))
     assert cpu_attention.long_extend_eligible(kernels, q, k8)
     close(cpu_attention.long_extend(kernels, q, k8, v8, table, torch.tensor(prefix, dtype=torch.int32),
-                                    torch.tensor(extend, dtype=torch.int32), hd**-0.5), got, torch.bfloat16, scale=0)
+                                    torch.tensor(extend, dtype=torch.int32), hd**-0.5), got, dtype, scale=0)
 
 
 @SETTINGS
@@ -613,13 +633,23 @@ def test_fills_extend_lanes_weighs_vectors_against_decode_rows():
     assert not fills_extend_lanes([8], 1) and fills_extend_lanes([9], 1)
     assert fills_extend_lanes([16], 1) and fills_extend_lanes([6], 3)  # 18 lanes in 2 vectors: 9 a vector
     assert not fills_extend_lanes([17], 1)  # 17 lanes in 2 vectors
+    # The AVX2 kernel's 8 lanes a vector: at least 6 of them.
+    assert fills_extend_lanes([2], 3, 8) and not fills_extend_lanes([1], 4, 8) and fills_extend_lanes([2], 4, 8)
+    assert not fills_extend_lanes([3], 3, 8)  # 9 lanes in 2 vectors
+    assert fills_extend_lanes([4], 3, 8) and fills_extend_lanes([5, 5, 4], 3, 8)
+
+
+def test_extend_kernel_lanes_follow_the_kernel_that_runs(kernels):
+    width = cpu_attention.extend_kernel_lanes
+    assert width(kernels, torch.float32) == 8
+    assert width(kernels, torch.bfloat16) == (16 if kernels.isa == "avx512" else 8)
 
 
 def test_short_extends_that_fill_the_lanes_run_on_the_extend_kernel(cpu, kernels, monkeypatch):
     """A verify step's extend (a few tokens per sequence over a cached context) in bfloat16:
     on the extend kernel where its lanes fill (SmolLM2's 3 heads a group, 5 tokens: 15 of
-    16), as decode rows where they do not (1 token a sequence) or where the build has no
-    extend kernel (AVX2), the same answer every way."""
+    16, or 8 and 7 of the AVX2 kernel's 8), as decode rows where they do not (1 token a
+    sequence), the same answer every way."""
     from preheat.engine.kernels import cpu_attention
 
     g = torch.Generator().manual_seed(5)
@@ -635,7 +665,7 @@ def test_short_extends_that_fill_the_lanes_run_on_the_extend_kernel(cpu, kernels
         assert isinstance(plan, cpu_attention.ShortExtend)
         calls.clear()
         got = cpu.extend_attention(q, k_cache, v_cache, table, prefix, extend, 0.125, plan)
-        assert bool(calls) == (on_kernel and kernels.has_extend_attention)
+        assert bool(calls) == on_kernel
         close(got, expected, torch.bfloat16)
         rows = cpu_attention.decode_attention(kernels, q, k_cache, v_cache, plan.page_table, plan.seq_lens, 0.125)
         close(got, rows, torch.bfloat16)

@@ -14,20 +14,6 @@ namespace {
 
 constexpr int64_t MAX_DV = 32;  // head_dim / 8
 
-// 8 fp8 values to float32 (see load16_fp8 in attention_avx512.cpp: e4m3 reads as value / 256).
-inline __m256 load8_fp8(const void* p, int kt) {
-  const __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i*)p));
-  if (kt == KV_E5M2) return _mm256_cvtph_ps(_mm_slli_epi16(b, 8));
-  const __m128i sign = _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x80)), 8);
-  const __m128i mag = _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x7f)), 7);
-  return _mm256_cvtph_ps(_mm_or_si128(sign, mag));
-}
-
-template <int DT, int KT>
-inline __m256 load_kv8(const char* p) {
-  return KT == KV_SAME ? load8(p, DT) : load8_fp8(p, KT);
-}
-
 // Floats [i, i + 8) of s, lanes at or past n reading `fill`.
 inline __m256 load8_fill(const float* s, int64_t i, int64_t n, float fill) {
   if (i + 8 <= n) return _mm256_loadu_ps(s + i);

@@ -78,6 +78,22 @@ inline int32_t hsum8_epi32(__m256i v) {
   return _mm_cvtsi128_si32(s);
 }
 
+// 8 fp8 values to float32 (see load16_fp8 in attention_avx512.cpp: e4m3 reads as value / 256);
+// the decode and extend attention kernels' reading of an fp8 cache.
+inline __m256 load8_fp8(const void* p, int kt) {
+  const __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i*)p));
+  if (kt == KV_E5M2) return _mm256_cvtph_ps(_mm_slli_epi16(b, 8));
+  const __m128i sign = _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x80)), 8);
+  const __m128i mag = _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x7f)), 7);
+  return _mm256_cvtph_ps(_mm_or_si128(sign, mag));
+}
+
+// 8 cached values as float32: a cache of the queries' dtype DT, or fp8 (KT).
+template <int DT, int KT>
+inline __m256 load_kv8(const char* p) {
+  return KT == KV_SAME ? load8(p, DT) : load8_fp8(p, KT);
+}
+
 // exp(x) for x <= 88 (Cephes' single-precision polynomial, ~1 ulp, as exp16 in
 // avx512_common.h); x below -87.3 gives ~0. 2^n is built in the exponent bits (n >= -126).
 inline __m256 exp8(__m256 x) {

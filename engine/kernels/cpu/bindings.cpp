@@ -66,7 +66,8 @@ bool amx_bf16_usable() {
 const KernelSet AVX512 = PREHEAT_KERNEL_SET(avx512, cpu_has_avx512_kernels), avx512::extend_attention_scratch,
                                             avx512::extend_attention_task, avx512::gemm_int8_bf16_blocks,
                                             avx512::INT8_BF16_PANEL_ROWS};
-const KernelSet AVX2 = PREHEAT_KERNEL_SET(avx2, cpu_has_avx2_kernels), nullptr, nullptr, nullptr, 0};
+const KernelSet AVX2 = PREHEAT_KERNEL_SET(avx2, cpu_has_avx2_kernels), avx2::extend_attention_scratch,
+                                          avx2::extend_attention_task, nullptr, 0};
 #undef PREHEAT_KERNEL_SET
 const KernelSet* const SETS[] = {&AVX512, &AVX2};  // best first
 
@@ -252,13 +253,14 @@ at::Tensor extend_attention(const KernelSet& k, const at::Tensor& q, const at::T
                             const at::Tensor& extend_lens, double scale, double k_scale, double v_scale) {
   check_cpu(q, "q");
   TORCH_CHECK(k.extend_attention_task != nullptr, "extend_attention: not in the ", k.name, " build");
-  TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1 && q.stride(0) % 2 == 0 && q.stride(1) % 2 == 0 &&
-                  q.scalar_type() == at::kBFloat16,
-              "q must be bfloat16 [T, H, D] with contiguous, even-strided heads");
-  const int kv_dtype = kv_cache_format(k_cache, v_cache, at::kBFloat16, "extend_attention");
+  const int dtype = dtype_code(q);
+  // bfloat16 rows are read in pairs (the AVX-512 kernel's vdpbf16ps operands): even strides.
+  TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1 && (dtype == 0 || (q.stride(0) % 2 == 0 && q.stride(1) % 2 == 0)),
+              "q must be [T, H, D] with contiguous heads (bfloat16: even-strided)");
+  const int kv_dtype = kv_cache_format(k_cache, v_cache, q.scalar_type(), "extend_attention");
   TORCH_CHECK(k_cache.dim() == 4 && k_cache.stride(3) == 1 && v_cache.strides() == k_cache.strides() &&
-                  (kv_dtype != 0 || k_cache.stride(2) % 2 == 0),
-              "caches must be bfloat16 or fp8 [pages, page_size, kv_heads, D] with equal strides");
+                  (kv_dtype != 0 || dtype == 0 || k_cache.stride(2) % 2 == 0),
+              "caches must be of q's dtype or fp8, [pages, page_size, kv_heads, D] with equal strides");
   const auto [score_scale, v_mult] = attention_scales(kv_dtype, scale, k_scale, v_scale);
   const int64_t T = q.size(0), H = q.size(1), D = q.size(2), S = k_cache.size(1), KVH = k_cache.size(2);
   TORCH_CHECK((D == 64 || D == 128) && k_cache.size(3) == D, "head_dim must be 64 or 128");
@@ -298,7 +300,7 @@ at::Tensor extend_attention(const KernelSet& k, const at::Tensor& q, const at::T
   for (size_t i = 0; i < order.size(); ++i) dealt[i % 2 == 0 ? lo++ : --hi] = order[i];
   ExtendAttnArgs a{q.data_ptr(), q.stride(0), q.stride(1), k_cache.data_ptr(), v_cache.data_ptr(),
                    k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), pt.data_ptr<int32_t>(), pt.stride(0),
-                   p, start.data(), out.data_ptr(), H, KVH, D, S, score_scale, kv_dtype, v_mult};
+                   p, start.data(), out.data_ptr(), H, KVH, D, S, score_scale, kv_dtype, v_mult, dtype};
   parallel_with_scratch((int64_t)dealt.size(), k.extend_attention_scratch(a), [&](int64_t begin, int64_t end,
                                                                                     float* mine) {
     for (int64_t i = begin; i < end; ++i) {

@@ -253,11 +253,15 @@ void task(const ExtendAttnArgs& a, int64_t b, int64_t kvh, int64_t r0, int64_t r
 
 }  // namespace
 
+// float32 queries go to the AVX2 build's kernel (float32 FMAs at 8 lanes): this one
+// multiplies bfloat16 pairs, and no 16-lane float32 variant is written.
 int64_t extend_attention_scratch(const ExtendAttnArgs& a) {
+  if (a.dtype == 0) return avx2::extend_attention_scratch(a);
   return extend_layout(lane_vectors(EXTEND_TASK_ROWS, a.H / a.KVH), a.D).total;
 }
 
 void extend_attention_task(const ExtendAttnArgs& a, int64_t b, int64_t kvh, int64_t r0, int64_t r1, float* scratch) {
+  if (a.dtype == 0) return avx2::extend_attention_task(a, b, kvh, r0, r1, scratch);
   auto with_kv = [&](auto d) {
     constexpr int D = decltype(d)::value;
     if (a.kv_dtype == 1)

@@ -13,6 +13,12 @@ void decode_attention_tasks(const DecodeAttnArgs& a, const int32_t* task_b, cons
 void decode_attention_combine(const DecodeAttnArgs& a, const int64_t* first_task, const int32_t* num_chunks,
                               int64_t begin, int64_t end);
 
+// Paged extend attention (see ExtendAttnArgs). Floats of per-thread scratch one task needs
+// (for any dtype and kv_dtype of these shapes), and one task: sequence b, kv head kvh,
+// query rows [r0, r1) of b (at most EXTEND_TASK_ROWS).
+int64_t extend_attention_scratch(const ExtendAttnArgs& a);
+void extend_attention_task(const ExtendAttnArgs& a, int64_t b, int64_t kvh, int64_t r0, int64_t r1, float* scratch);
+
 // bf16 GEMM: column blocks [nb_begin, nb_end) of 16, all rows.
 void gemm_bf16_blocks(const GemmArgs& a, int64_t nb_begin, int64_t nb_end);
 // float32 GEMM (weights [ceil(N/16), K, 16] float32, activations and output float32):

@@ -43,10 +43,11 @@ struct DecodeAttnArgs {
 
 // ---- paged extend (prompt) attention ------------------------------------------------
 // The new tokens of several sequences, back to back in q; token j of a sequence with p
-// cached tokens sees keys 0 .. p + j (its own K/V already written to the pages). bfloat16
-// q and out, caches bfloat16 or fp8 (read as bfloat16, exactly: every e4m3 / e5m2 value is
-// one); head_dim 64 or 128 (the AVX-512 build only: `extend_attention` is null in a set
-// without it).
+// cached tokens sees keys 0 .. p + j (its own K/V already written to the pages). q and out
+// bfloat16 or float32 (`dtype`), caches of q's dtype or fp8 (read exactly: every e4m3 /
+// e5m2 value is a bfloat16 one); head_dim 64 or 128. The AVX-512 build multiplies bfloat16
+// pairs (extend_attention_avx512.cpp) and hands float32 queries to the AVX2 build's kernel
+// (extend_attention_avx2.cpp, float32 FMAs).
 struct ExtendAttnArgs {
   const void* q;          // [T, H, D], strides below (elements)
   int64_t q_stride_t, q_stride_h;
@@ -60,8 +61,9 @@ struct ExtendAttnArgs {
   void* out;              // [T, H, D] contiguous
   int64_t H, KVH, D, S;
   float scale;            // times the key scale of an fp8 cache (and 256 for e4m3, as DecodeAttnArgs)
-  int kv_dtype = 0;       // of the caches: 0 = bfloat16, 1 = float8_e4m3fn, 2 = float8_e5m2
+  int kv_dtype = 0;       // of the caches: 0 = q's dtype, 1 = float8_e4m3fn, 2 = float8_e5m2
   float v_mult = 1.0f;    // the outputs' factor: an fp8 cache's value scale (and 256 for e4m3)
+  int dtype = 1;          // of q and out: 0 = float32, 1 = bfloat16
 };
 // One task: sequence b, kv head kvh (all its query heads), query rows [r0, r1) of b (at
 // most EXTEND_TASK_ROWS). Floats of scratch a task needs: extend_attention_scratch.
@@ -128,9 +130,6 @@ struct RopeKVArgs {
 // ---- the functions, once per instruction set ----------------------------------------
 namespace avx512 {
 #include "kernel_functions.h"
-// Extend attention (see ExtendAttnArgs): this build only.
-int64_t extend_attention_scratch(const ExtendAttnArgs& a);
-void extend_attention_task(const ExtendAttnArgs& a, int64_t b, int64_t kvh, int64_t r0, int64_t r1, float* scratch);
 // int8-weight GEMM of bf16 rows (a.x, not codes): each group of column blocks dequantized
 // into a bf16 panel, then the bf16 GEMM over it. This build only.
 void gemm_int8_bf16_blocks(const GemmArgs& a, int64_t nb_begin, int64_t nb_end);
