@@ -174,7 +174,7 @@ def test_extend_attention_reads_fp8_pages_in_place_like_the_reference(
 @given(
     batch=st.integers(1, 4),
     kvh=st.integers(1, 3),
-    group=st.sampled_from([1, 3]),
+    group=st.sampled_from([1, 3, 7]),  # 7: more heads than the value pass holds at once (5 at 64, 2 at 128)
     hd=st.sampled_from([64, 128]),
     page_size=st.sampled_from([4, 16]),
     max_len=st.integers(1, 400),
@@ -187,7 +187,8 @@ def test_decode_attention_reads_fp8_pages_in_place_like_the_reference(
     batch, kvh, group, hd, page_size, max_len, dtype, fp8, scales, seed, kernels
 ):
     """fp8 caches (either format, subnormals included: values of every magnitude) through the
-    kernel against the PyTorch path, which dequantises the same bytes."""
+    kernel against the PyTorch path, which dequantises the same bytes (the AVX-512 build
+    widens a kv head's rows to bfloat16 once for its group, for bfloat16 queries)."""
     g = torch.Generator().manual_seed(seed)
     lens = torch.randint(1, max_len + 1, (batch,), generator=g).tolist()
     k_full, v_full, table = paged_cache(g, lens, page_size, kvh, hd, torch.float32)

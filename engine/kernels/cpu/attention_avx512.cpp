@@ -7,7 +7,12 @@
 //    query heads of its group (grouped-query attention without expanding K/V).
 // An fp8 cache (e4m3 or e5m2) is read in place, one byte per value, converted through
 // float16 bit patterns (see load16_fp8); its scales are folded into the score scale and the
-// output factor, so the loops stay the same.
+// output factor, so the loops stay the same. With bfloat16 queries and head_dim a multiple
+// of 32 each kv head's 16 key rows and value rows of a block are widened to bfloat16 once
+// (exactly, load32_bf16) into scratch and taken by the bfloat16 paths (vdpbf16ps, the
+// probabilities rounded to bfloat16 as for a bfloat16 cache): converting every key row
+// once per query head and weighing values in float32 made an fp8 pool's steps slower than
+// a bfloat16 pool's at batch 8 and 16 although it reads half the bytes.
 // Chunks of one row are merged with their log-sum-exp, so even one long sequence keeps
 // every thread busy.
 // Memory: each 16-token page lies anywhere in the pool, so the hardware prefetchers stop at
@@ -69,7 +74,24 @@ struct Scratch {
   float* s;     // [H, chunk]: scores, then probabilities
   float* o;     // [H, D]: output accumulators
   float* vf;    // [16, D]: one kv head's value rows in float32
+  uint16_t* rows_bf16;  // [16, D]: an fp8 cache's 16 key or value rows of one kv head, widened
 };
+
+// Whether an fp8 cache (KT) is read through bfloat16 rows (rows_bf16) for queries of dtype
+// DT and head_dim D.
+template <int DT, int KT>
+constexpr bool widens_fp8(int64_t D) {
+  return DT == 1 && KT != KV_SAME && D % 32 == 0;
+}
+
+// rows[0..16) of this kv head widened to bfloat16 into `out` [16, D]; returns `out`'s rows.
+template <int KT>
+inline void widen_rows(const char* const* rows, int64_t offset, int64_t D, uint16_t* out, const char** widened) {
+  for (int i = 0; i < 16; ++i) {
+    for (int64_t w = 0; w < D; w += 32) _mm512_storeu_si512(out + i * D + w, load32_bf16<KT>(rows[i] + offset + w));
+    widened[i] = (const char*)(out + i * D);
+  }
+}
 
 // Scores of one head against 16 key rows (rows[i] = row i's key for this kv head).
 template <int DVC, int DT, int KT>
@@ -193,21 +215,30 @@ void weigh_values_bf16(const DecodeAttnArgs& a, const int32_t* pages, int64_t t0
 // head: no scratch copy of the values, no per-pair packing of probabilities. Blocks stay
 // the outer loop so each block's value rows (one page) are read once, front to back. Same
 // products and rounding as weigh_values_bf16.
-template <int DV, int GS>
+template <int DV, int GS, int KT>
 void weigh_values_bf16_regs(const DecodeAttnArgs& a, const int32_t* pages, int64_t t0, int64_t t1,
                             const Scratch& sc) {
-  constexpr int64_t W = DV / 2;
+  constexpr int64_t W = DV / 2, ESZ = KT == KV_SAME ? 2 : 1;
   const int64_t G = a.H / a.KVH, D = a.D, half = a.chunk / 2;
   const uint32_t* pp = (const uint32_t*)sc.vf;  // [H, chunk / 2] probability pairs (t, t + 1) as bf16
   // The accumulators in sc.o keep unpack{lo,hi}'s lane order until the end.
   const char* vrow[16];
-  WeighAhead ahead(a, sc.upcoming, pages, t0, t1, 2);
+  const char* widened[16];
+  WeighAhead ahead(a, sc.upcoming, pages, t0, t1, ESZ);
   for (int64_t blk = t0; blk < t1; blk += 16) {
     const int64_t n = imin(16, t1 - blk), pairs = (n + 1) / 2, p0 = (blk - t0) / 2;
-    token_rows(a, a.v_cache, pages, blk, n, 2, vrow);
+    token_rows(a, a.v_cache, pages, blk, n, ESZ, vrow);
     ahead.block(blk);
     for (int64_t kvh = 0; kvh < a.KVH; ++kvh) {
       ahead.head();
+      // Row i of this kv head: in the page (bfloat16), or widened from fp8 once for the group.
+      const char* const* rows = vrow;
+      int64_t offset = kvh * a.kv_stride_head * 2;
+      if constexpr (KT != KV_SAME) {
+        widen_rows<KT>(vrow, kvh * a.kv_stride_head, D, sc.rows_bf16, widened);
+        rows = widened;
+        offset = 0;
+      }
       for (int64_t g0 = 0; g0 < G; g0 += GS) {
         const int64_t gs = imin(GS, G - g0), h0 = kvh * G + g0;
         __m512 acc[GS][DV];
@@ -215,8 +246,8 @@ void weigh_values_bf16_regs(const DecodeAttnArgs& a, const int32_t* pages, int64
           for (int v = 0; v < DV; ++v) acc[g][v] = _mm512_loadu_ps(sc.o + (h0 + g) * D + v * 16);
         for (int64_t pr = 0; pr < pairs; ++pr) {
           // An odd last token pairs with a copy of row 0 whose weight is the 0 past `len`.
-          const char* r0 = vrow[2 * pr] + kvh * a.kv_stride_head * 2;
-          const char* r1 = vrow[2 * pr + 1] + kvh * a.kv_stride_head * 2;
+          const char* r0 = rows[2 * pr] + offset;
+          const char* r1 = rows[2 * pr + 1] + offset;
           __m512i vi[DV];
           for (int w = 0; w < W; ++w) {
             const __m512i x0 = _mm512_loadu_si512(r0 + w * 64), x1 = _mm512_loadu_si512(r1 + w * 64);
@@ -267,17 +298,20 @@ void attend_chunk(const DecodeAttnArgs& a, int64_t b, int64_t t0, int64_t t1, bo
     for (int64_t kvh = 0; kvh < a.KVH; ++kvh) {
       const char* rows[16];
       for (int i = 0; i < 16; ++i) rows[i] = krow[i] + kvh * a.kv_stride_head * kesz;
+      if (widens_fp8<DT, KT>(D)) widen_rows<KT>(krow, kvh * a.kv_stride_head, D, sc.rows_bf16, rows);
       for (int64_t g = 0; g < G; ++g) {
         const int64_t h = kvh * G + g;
         far.issue(far_share);
-        const __m512 s = _mm512_mul_ps(scores16<DVC, DT, KT>(qb + h * a.q_stride_h * esz, rows, D), scale);
-        _mm512_storeu_ps(sc.s + h * a.chunk + (blk - t0), s);
+        const char* qh = qb + h * a.q_stride_h * esz;
+        const __m512 s = widens_fp8<DT, KT>(D) ? scores16<DVC, DT, KV_SAME>(qh, rows, D)
+                                               : scores16<DVC, DT, KT>(qh, rows, D);
+        _mm512_storeu_ps(sc.s + h * a.chunk + (blk - t0), _mm512_mul_ps(s, scale));
       }
     }
   }
   // Softmax numerators per head (tail positions zeroed); for the register path straight
   // into bfloat16 pairs, as it multiplies them.
-  constexpr bool regs = DT == 1 && KT == KV_SAME && (DVC == 4 || DVC == 8);
+  constexpr bool regs = DT == 1 && (KT == KV_SAME || widens_fp8<DT, KT>(DVC * 16)) && (DVC == 4 || DVC == 8);
   float mx[256], sum[256];
   for (int64_t h = 0; h < H; ++h) {
     float* s = sc.s + h * a.chunk;
@@ -301,7 +335,7 @@ void attend_chunk(const DecodeAttnArgs& a, int64_t b, int64_t t0, int64_t t1, bo
   for (int64_t i = 0; i < H * D; i += 16) _mm512_storeu_ps(sc.o + i, _mm512_setzero_ps());
   if constexpr (regs) {
     // head_dim 64: 5 heads x 4 accumulators; 128: 2 heads x 8.
-    weigh_values_bf16_regs<DVC, DVC == 4 ? 5 : 2>(a, pages, t0, t1, sc);
+    weigh_values_bf16_regs<DVC, DVC == 4 ? 5 : 2, KT>(a, pages, t0, t1, sc);
   } else if (DT == 1 && KT == KV_SAME && D % 32 == 0)
     weigh_values_bf16<DVC>(a, pages, t0, t1, sc);
   else
@@ -322,16 +356,23 @@ void attend_chunk(const DecodeAttnArgs& a, int64_t b, int64_t t0, int64_t t1, bo
 
 }  // namespace
 
+// Floats of the part after the scores and output accumulators: either float32 value rows
+// [16, D] or the bfloat16 probabilities [H, chunk] and interleaved value pairs [16, D] (half
+// a float each).
+inline int64_t values_scratch(const DecodeAttnArgs& a) {
+  return 16 * a.D > (a.H * a.chunk + 16 * a.D) / 2 ? 16 * a.D : (a.H * a.chunk + 16 * a.D) / 2 + 16;
+}
+
 int64_t decode_attention_scratch(const DecodeAttnArgs& a) {
-  // scores, output accumulators, then either float32 value rows [16, D] or the bfloat16
-  // probabilities [H, chunk] and interleaved value pairs [16, D] (half a float each).
-  return a.H * a.chunk + a.H * a.D + (16 * a.D > (a.H * a.chunk + 16 * a.D) / 2 ? 16 * a.D : (a.H * a.chunk + 16 * a.D) / 2 + 16);
+  // scores, output accumulators, the values' part, an fp8 cache's widened rows [16, D] bf16.
+  return a.H * a.chunk + a.H * a.D + values_scratch(a) + 8 * a.D;
 }
 
 void decode_attention_tasks(const DecodeAttnArgs& a, const int32_t* task_b, const int32_t* task_chunk,
                             const int32_t* num_chunks, float* scratch, int64_t begin, int64_t end) {
   LineStream upcoming;
-  Scratch sc{&upcoming, false, scratch, scratch + a.H * a.chunk, scratch + a.H * a.chunk + a.H * a.D};
+  float* const o = scratch + a.H * a.chunk;
+  Scratch sc{&upcoming, false, scratch, o, o + a.H * a.D, (uint16_t*)(o + a.H * a.D + values_scratch(a))};
   for_each_task(a, task_b, task_chunk, num_chunks, begin, end, upcoming,
                 [&](int64_t b, int64_t t0, int64_t t1, bool direct, float* part, bool first_asked) {
                   sc.first_asked = first_asked;

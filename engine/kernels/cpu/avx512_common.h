@@ -68,5 +68,26 @@ inline __m512 exp16(__m512 x) {
 
 inline __mmask16 tail_mask(int64_t n) { return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1); }
 
+// 32 cached values at p as 32 bfloat16 (KT: the cache's kv_dtype): the values themselves
+// for a bfloat16 cache; an fp8 cache's bytes through float16 (e5m2 is float16's top byte;
+// e4m3 placed so that it reads as value / 256, subnormals included) to bfloat16, exactly.
+// The decode and extend attention kernels' reading of an fp8 cache as bfloat16.
+template <int KT>
+inline __m512i load32_bf16(const char* p) {
+  if constexpr (KT == 0) {
+    return _mm512_loadu_si512(p);
+  } else {
+    const __m512i b = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)p));
+    __m512i h;
+    if constexpr (KT == KV_E5M2) {
+      h = _mm512_slli_epi16(b, 8);
+    } else {
+      h = _mm512_and_si512(_mm512_srai_epi16(_mm512_slli_epi16(b, 8), 1), _mm512_set1_epi16((short)0xBFFF));
+    }
+    const __m512 lo = _mm512_cvtph_ps(_mm512_castsi512_si256(h)), hi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
+    return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+  }
+}
+
 }  // namespace
 }  // namespace preheat

@@ -83,26 +83,6 @@ inline void transpose16(__m512i (&r)[16]) {
   }
 }
 
-// 32 cached values at p as 32 bfloat16 (KT: the cache's kv_dtype): the values themselves
-// for a bfloat16 cache; an fp8 cache's bytes through float16 (e5m2 is float16's top byte;
-// e4m3 placed so that it reads as value / 256, subnormals included) to bfloat16, exactly.
-template <int KT>
-inline __m512i load32_bf16(const char* p) {
-  if constexpr (KT == 0) {
-    return _mm512_loadu_si512(p);
-  } else {
-    const __m512i b = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)p));
-    __m512i h;
-    if constexpr (KT == KV_E5M2) {
-      h = _mm512_slli_epi16(b, 8);
-    } else {
-      h = _mm512_and_si512(_mm512_srai_epi16(_mm512_slli_epi16(b, 8), 1), _mm512_set1_epi16((short)0xBFFF));
-    }
-    const __m512 lo = _mm512_cvtph_ps(_mm512_castsi512_si256(h)), hi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
-    return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
-  }
-}
-
 template <int D, int KT>
 void task(const ExtendAttnArgs& a, int64_t b, int64_t kvh, int64_t r0, int64_t r1, float* scratch) {
   constexpr int64_t ESZ = KT == 0 ? 2 : 1;  // bytes per cached value
