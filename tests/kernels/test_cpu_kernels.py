@@ -204,6 +204,37 @@ def test_decode_attention_reads_fp8_pages_in_place_like_the_reference(
     close(got, expected, dtype, scale=max(1.0, float(expected.abs().max())))
 
 
+@pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e5m2])
+@pytest.mark.parametrize("hd", [64, 128])
+def test_fp8_pages_widen_alike_by_table_lookup_and_through_float16(kernels, fp8, hd):
+    """The AVX-512 build widens fp8 pages to bfloat16 by AVX-512 VBMI table lookups where the
+    CPU has them, else through float16 and float32: every finite code of both formats, in
+    keys and values, must come out the same bits either way."""
+    if kernels.isa != "avx512":
+        assert not hasattr(kernels, "use_vbmi")
+        return
+    if "avx512vbmi" not in cpu_ext.read_cpu_flags():
+        pytest.skip("this CPU has no AVX512_VBMI: only the float16 path runs here")
+    g = torch.Generator().manual_seed(hd)
+    codes = torch.arange(256, dtype=torch.uint8)
+    finite = codes[torch.isfinite(codes.view(fp8).float())]
+    pages, kvh = 24, 2
+    k8, v8 = (finite[torch.randint(0, len(finite), (pages, 16, kvh, hd), generator=g)].view(fp8) for _ in "kv")
+    table = torch.randperm(pages, generator=g).to(torch.int32).view(3, 8)
+    lens = torch.tensor([128, 77, 3], dtype=torch.int32)
+    q = (torch.randn((3, kvh * 3, hd), generator=g) * 0.01).bfloat16()
+    was = kernels.use_vbmi(True)
+    try:
+        assert kernels.vbmi()
+        by_table = kernels.decode_attention(q, k8, v8, table, lens, 0.01, 0.5, 0.25)
+        kernels.use_vbmi(False)
+        through_float16 = kernels.decode_attention(q, k8, v8, table, lens, 0.01, 0.5, 0.25)
+    finally:
+        kernels.use_vbmi(was)
+    assert torch.isfinite(by_table).all()
+    assert torch.equal(by_table, through_float16)
+
+
 def test_decode_attention_reads_strided_queries_and_long_contexts(kernels):
     g = torch.Generator().manual_seed(1)
     lens = [1, 3000, 17]  # 3000 tokens: many chunks of one row merged

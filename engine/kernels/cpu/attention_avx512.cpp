@@ -84,11 +84,11 @@ constexpr bool widens_fp8(int64_t D) {
   return DT == 1 && KT != KV_SAME && D % 32 == 0;
 }
 
-// rows[0..16) of this kv head widened to bfloat16 into `out` [16, D]; returns `out`'s rows.
+// rows[0..16) of this kv head widened to bfloat16 into `out` [16, D]; `widened` gets `out`'s rows.
 template <int KT>
 inline void widen_rows(const char* const* rows, int64_t offset, int64_t D, uint16_t* out, const char** widened) {
   for (int i = 0; i < 16; ++i) {
-    for (int64_t w = 0; w < D; w += 32) _mm512_storeu_si512(out + i * D + w, load32_bf16<KT>(rows[i] + offset + w));
+    widen_fp8_bf16<KT>(rows[i] + offset, D, out + i * D);
     widened[i] = (const char*)(out + i * D);
   }
 }

@@ -40,6 +40,19 @@ bool cpu_has_avx512_kernels() {
 }
 
 volatile bool amx_bf16_on = false;
+volatile bool fp8_vbmi_on = false;
+
+// Whether this CPU has AVX512_VBMI (the fp8 pages' table lookup, fp8_vbmi_on); PREHEAT_CPU_VBMI=0
+// leaves it unused.
+bool fp8_vbmi_usable() {
+  static const bool usable = [] {
+    const char* env = getenv("PREHEAT_CPU_VBMI");
+    if (env != nullptr && strcmp(env, "0") == 0) return false;
+    __builtin_cpu_init();
+    return cpu_has_avx512_kernels() && __builtin_cpu_supports("avx512vbmi");
+  }();
+  return usable;
+}
 
 // Whether this process may run AMX-BF16 tiles: the CPU reports AMX-TILE and AMX-BF16
 // (CPUID leaf 7: EDX bits 24 and 22) and Linux grants the tile data state on request
@@ -620,6 +633,18 @@ void bind_set(pybind11::module_& m, const KernelSet& k) {
         "and OS allow them (the default); returns the previous setting");
     m.def(
         "amx", [] { return (bool)amx_bf16_on; }, "whether the bf16 GEMM runs on AMX tiles now");
+    m.def(
+        "use_vbmi",
+        [](bool on) {
+          const bool was = fp8_vbmi_on;
+          fp8_vbmi_on = on && fp8_vbmi_usable();
+          return was;
+        },
+        arg("on"),
+        "whether the attention kernels widen fp8 pages by AVX-512 VBMI table lookups where the CPU has them "
+        "(the default; else through float16 and float32); returns the previous setting");
+    m.def(
+        "vbmi", [] { return (bool)fp8_vbmi_on; }, "whether fp8 pages are widened by AVX-512 VBMI table lookups now");
   }
   m.def(
       "decode_attention",
@@ -735,6 +760,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            "forward_calls, then rms_norm and the head's product, each its own call")
       .def_property_readonly("num_layers", &preheat::DecodeStack::num_layers);
   preheat::amx_bf16_on = preheat::amx_bf16_usable();
+  preheat::fp8_vbmi_on = preheat::fp8_vbmi_usable();
   for (const preheat::KernelSet* k : preheat::SETS) {
     auto sub = m.def_submodule(k->name, "the kernels built for this instruction set");
     preheat::bind_set(sub, *k);

@@ -149,6 +149,11 @@ void gemm_bf16_amx_panel(const GemmArgs& a, const uint16_t* panel, int64_t nb0, 
 // reports AMX-BF16 and Linux granted this process the tile state (and not switched off by
 // PREHEAT_CPU_AMX=0 or the module's `use_amx`); read by every call.
 extern volatile bool amx_bf16_on;
+// Whether the AVX-512 build's attention kernels widen fp8 pages to bfloat16 by table lookup
+// (vpermi2b, AVX-512 VBMI: 7 instructions per 64 values instead of 16): set by bindings.cpp
+// once the CPU reports AVX512_VBMI (and not switched off by PREHEAT_CPU_VBMI=0 or the
+// module's `use_vbmi`); read at each call.
+extern volatile bool fp8_vbmi_on;
 namespace avx2 {
 #include "kernel_functions.h"
 }  // namespace avx2
