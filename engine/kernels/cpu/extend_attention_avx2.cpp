@@ -29,8 +29,8 @@ constexpr int64_t KEYS = 8;   // keys per block
 
 // Offsets (floats) of a task's scratch for `vectors` vectors of lanes: queries transposed
 // [vectors][D][8], output accumulators [vectors][D][8], running max and sum [vectors][2][8],
-// the block's keys and values in float32 [KEYS][D] each, probabilities [KEYS][8], each
-// lane's row position (the last key it sees) [vectors][8].
+// the block's keys and values in float32 [KEYS][D] each, probabilities and raw scores of
+// two vectors [2][KEYS][8] each, each lane's row position (the last key it sees) [vectors][8].
 struct ExtendLayout {
   int64_t qt, ot, ml, kf, vf, pp, sb, rp, total;
 };
