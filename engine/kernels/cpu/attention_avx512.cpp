@@ -9,7 +9,7 @@
 // float16 bit patterns (see load16_fp8); its scales are folded into the score scale and the
 // output factor, so the loops stay the same. With bfloat16 queries and head_dim a multiple
 // of 32 each kv head's 16 key rows and value rows of a block are widened to bfloat16 once
-// (exactly, load32_bf16) into scratch and taken by the bfloat16 paths (vdpbf16ps, the
+// (exactly: widen_fp8_bf16, table lookups where the CPU has AVX-512 VBMI) into scratch and taken by the bfloat16 paths (vdpbf16ps, the
 // probabilities rounded to bfloat16 as for a bfloat16 cache): converting every key row
 // once per query head and weighing values in float32 made an fp8 pool's steps slower than
 // a bfloat16 pool's at batch 8 and 16 although it reads half the bytes.
