@@ -83,9 +83,8 @@ inline int32_t hsum8_epi32(__m256i v) {
 inline __m256 load8_fp8(const void* p, int kt) {
   const __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i*)p));
   if (kt == KV_E5M2) return _mm256_cvtph_ps(_mm_slli_epi16(b, 8));
-  const __m128i sign = _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x80)), 8);
-  const __m128i mag = _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x7f)), 7);
-  return _mm256_cvtph_ps(_mm_or_si128(sign, mag));
+  // As load16_fp8: the byte to the top, one arithmetic shift down, bit 14 cleared.
+  return _mm256_cvtph_ps(_mm_and_si128(_mm_srai_epi16(_mm_slli_epi16(b, 8), 1), _mm_set1_epi16((short)0xBFFF)));
 }
 
 // 8 cached values as float32: a cache of the queries' dtype DT, or fp8 (KT).

@@ -41,13 +41,6 @@ inline void store16_masked(void* p, __m512 v, int dtype, __mmask16 m) {
   else
     _mm256_mask_storeu_epi16(p, m, f32_to_bf16(v));
 }
-inline float load1(const void* p, int dtype) {
-  if (dtype == 0) return *(const float*)p;
-  uint32_t bits = (uint32_t)(*(const uint16_t*)p) << 16;
-  float f;
-  memcpy(&f, &bits, 4);
-  return f;
-}
 
 // exp(x) for x <= 88 (Cephes' single-precision polynomial, ~1 ulp); x below -87.3 gives ~0.
 inline __m512 exp16(__m512 x) {

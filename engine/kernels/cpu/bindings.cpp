@@ -48,8 +48,7 @@ bool fp8_vbmi_usable() {
   static const bool usable = [] {
     const char* env = getenv("PREHEAT_CPU_VBMI");
     if (env != nullptr && strcmp(env, "0") == 0) return false;
-    __builtin_cpu_init();
-    return cpu_has_avx512_kernels() && __builtin_cpu_supports("avx512vbmi");
+    return cpu_has_avx512_kernels() && __builtin_cpu_supports("avx512vbmi");  // (it inits the CPU check)
   }();
   return usable;
 }
@@ -610,6 +609,21 @@ at::Tensor rope_kv(const KernelSet& k, const at::Tensor& qkv, int64_t rows, int6
 namespace preheat {
 namespace {
 
+// `use_<name>(on)` (sets `flag` to on where `usable()`, returns the previous setting) and
+// `<name>()` (the setting now): a build feature the CPU may lack, on by default where usable.
+void bind_switch(pybind11::module_& m, const std::string& name, volatile bool& flag, bool (*usable)(),
+                 const std::string& doc) {
+  m.def(
+      ("use_" + name).c_str(),
+      [&flag, usable](bool on) {
+        const bool was = flag;
+        flag = on && usable();
+        return was;
+      },
+      pybind11::arg("on"), (doc + "; returns the previous setting").c_str());
+  m.def(name.c_str(), [&flag] { return (bool)flag; }, (doc + ": the setting now").c_str());
+}
+
 // The functions of one KernelSet, bound into `m` (its submodule).
 void bind_set(pybind11::module_& m, const KernelSet& k) {
   namespace py = pybind11;
@@ -621,30 +635,12 @@ void bind_set(pybind11::module_& m, const KernelSet& k) {
       k.activation_bits == 8 ? std::vector<int>{16, 8} : std::vector<int>{16};
   m.def("supported", k.runs_here, "whether this CPU runs this build of the kernels");
   if (set == &AVX512) {
-    m.def(
-        "use_amx",
-        [](bool on) {
-          const bool was = amx_bf16_on;
-          amx_bf16_on = on && amx_bf16_usable();
-          return was;
-        },
-        arg("on"),
-        "whether the bf16 GEMM (and the int8 prompt path's bf16 panel) runs on AMX tiles where the CPU "
-        "and OS allow them (the default); returns the previous setting");
-    m.def(
-        "amx", [] { return (bool)amx_bf16_on; }, "whether the bf16 GEMM runs on AMX tiles now");
-    m.def(
-        "use_vbmi",
-        [](bool on) {
-          const bool was = fp8_vbmi_on;
-          fp8_vbmi_on = on && fp8_vbmi_usable();
-          return was;
-        },
-        arg("on"),
-        "whether the attention kernels widen fp8 pages by AVX-512 VBMI table lookups where the CPU has them "
-        "(the default; else through float16 and float32); returns the previous setting");
-    m.def(
-        "vbmi", [] { return (bool)fp8_vbmi_on; }, "whether fp8 pages are widened by AVX-512 VBMI table lookups now");
+    bind_switch(m, "amx", amx_bf16_on, amx_bf16_usable,
+                "whether the bf16 GEMM (and the int8 prompt path's bf16 panel) runs on AMX tiles where the CPU "
+                "and OS allow them (the default)");
+    bind_switch(m, "vbmi", fp8_vbmi_on, fp8_vbmi_usable,
+                "whether the attention kernels widen fp8 pages by AVX-512 VBMI table lookups where the CPU has "
+                "them (the default; else through float16 and float32)");
   }
   m.def(
       "decode_attention",

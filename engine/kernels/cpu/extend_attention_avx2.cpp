@@ -49,20 +49,6 @@ inline ExtendLayout extend_layout(int64_t vectors, int64_t D) {
   return l;
 }
 
-// One value of a float32 (DT 0) or bfloat16 (DT 1) array, as float32.
-template <int DT>
-inline float load1(const char* p) {
-  if constexpr (DT == 0) {
-    float f;
-    memcpy(&f, p, 4);
-    return f;
-  } else {
-    uint16_t h;
-    memcpy(&h, p, 2);
-    return bits_float((uint32_t)h << 16);
-  }
-}
-
 template <int D, int DT, int KT>
 void task(const ExtendAttnArgs& a, int64_t b, int64_t kvh, int64_t r0, int64_t r1, float* scratch) {
   constexpr int64_t KS = kv_size<DT, KT>();  // bytes per cached value
@@ -88,7 +74,7 @@ void task(const ExtendAttnArgs& a, int64_t b, int64_t kvh, int64_t r0, int64_t r
       float* dst = qt + v * D * LANES + L;
       if (f < lanes) {
         const char* src = q + ((f / G) * a.q_stride_t + (f % G) * a.q_stride_h) * QS;
-        for (int64_t d = 0; d < D; ++d) dst[d * LANES] = load1<DT>(src + d * QS);
+        for (int64_t d = 0; d < D; ++d) dst[d * LANES] = load1(src + d * QS, DT);
         rp[v * LANES + L] = (int32_t)(prefix + r0 + f / G);
       } else {
         for (int64_t d = 0; d < D; ++d) dst[d * LANES] = 0.0f;

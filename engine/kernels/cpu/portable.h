@@ -342,6 +342,17 @@ inline float bits_float(uint32_t b) {
   memcpy(&x, &b, 4);
   return x;
 }
+// One element of a float32 (dtype 0) or bfloat16 (1) array, as float32.
+inline float load1(const void* p, int dtype) {
+  if (dtype == 0) {
+    float f;
+    memcpy(&f, p, 4);
+    return f;
+  }
+  uint16_t h;
+  memcpy(&h, p, 2);
+  return bits_float((uint32_t)h << 16);
+}
 
 // A float as a float8 byte: e4m3fn (kv_dtype 1) or e5m2 (2), rounded to nearest even the way
 // torch's .to(torch.float8_e4m3fn / float8_e5m2) rounds on the CPU (c10's
@@ -377,7 +388,7 @@ inline uint8_t fp8_from_float(float x, int kv_dtype) {
 inline void store_fp8(const void* x, int dt, uint8_t* out, int64_t n, float scale, int kv_dtype) {
   const float top = kv_dtype == 1 ? 448.0f : 57344.0f;
   for (int64_t i = 0; i < n; ++i) {
-    const float v = dt == 0 ? ((const float*)x)[i] : bits_float((uint32_t)((const uint16_t*)x)[i] << 16);
+    const float v = load1(elem(x, i, dt), dt);
     float y = v / scale;
     y = y < -top ? -top : y > top ? top : y;  // comparisons with a NaN fail: it passes through
     out[i] = fp8_from_float(y, kv_dtype);
