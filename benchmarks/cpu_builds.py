@@ -83,6 +83,12 @@ def measure(args: argparse.Namespace) -> list[dict]:
     return rows
 
 
+def add_machine_options(ap: argparse.ArgumentParser) -> None:
+    """--machines (which of MACHINES to run on) and the hidden --child that on_machines passes."""
+    ap.add_argument("--machines", nargs="+", default=list(MACHINES), choices=list(MACHINES))
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+
+
 def on_machines(script: str, argv: list[str], machines: list[str]) -> dict:
     """Runs `script --child argv` once per machine (a child process with that machine's
     environment) and returns each child's result: the JSON on its stdout line `ROWS ...`."""
@@ -158,9 +164,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"])
-    ap.add_argument("--machines", nargs="+", default=list(MACHINES), choices=list(MACHINES))
     ap.add_argument("--out", default=str(RESULTS / "cpu_builds.md"))
-    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    add_machine_options(ap)
     return ap.parse_args(argv)
 
 

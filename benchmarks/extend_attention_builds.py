@@ -29,6 +29,9 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cpu_builds import AVX2_MACHINE, add_machine_options, native_cpu, on_machines
+
 RESULTS = Path(__file__).parent / "results"
 SHAPES = {"SmolLM2 (9 / 3 heads, 64)": (9, 3, 64), "Llama-8B-like (32 / 8 heads, 128)": (32, 8, 128)}
 CHUNK, PREFIXES = 512, (0, 1536)
@@ -138,9 +141,6 @@ def table_rows(results: dict[str, dict], section: str, keys: tuple[str, ...], ke
 
 
 def report(results: dict[str, dict], args: argparse.Namespace) -> str:
-    sys.path.insert(0, str(Path(__file__).parent))
-    from cpu_builds import AVX2_MACHINE, native_cpu
-
     lines = [
         "# Prompt-chunk attention on every build: the extend kernels against the PyTorch path",
         "",
@@ -172,14 +172,10 @@ def report(results: dict[str, dict], args: argparse.Namespace) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    sys.path.insert(0, str(Path(__file__).parent))
-    from cpu_builds import MACHINES
-
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--machines", nargs="+", default=list(MACHINES), choices=list(MACHINES))
     ap.add_argument("--out", default=str(RESULTS / "extend_attention_builds.md"))
-    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    add_machine_options(ap)
     return ap.parse_args(argv)
 
 
@@ -191,8 +187,6 @@ def main() -> int:
         rows = dict(isa=cpu_ext.load().isa, kernel=kernel_rows(args.rounds), engine=engine_rows(args.rounds))
         print("ROWS " + json.dumps(rows))
         return 0
-    from cpu_builds import on_machines
-
     results = on_machines(__file__, ["--rounds", str(args.rounds)], args.machines)
     text = report(results, args)
     Path(args.out).write_text(text)
