@@ -48,6 +48,24 @@ struct TeamProduct {
     const auto [b, e] = share_of((a.N + 15) / 16, 4, t, nt);
     if (b < e) blocks(a, b, e);
   }
+  // The weights thread t's run reads, for it to fetch while it waits before (WaitFetch).
+  WaitFetch share_fetch(int t, int nt) const {
+    const auto [b, e] = share_of((a.N + 15) / 16, 4, t, nt);
+    WaitFetch f;
+    if (b < e && w_bytes != nullptr) {
+      f.next = w_bytes + b * w_block;
+      f.bytes = (e - b) * w_block;
+      if (s_bytes != nullptr) {
+        f.next2 = s_bytes + b * s_block;
+        f.bytes2 = (e - b) * s_block;
+      }
+    }
+    return f;
+  }
+  // The packed weights (and int8 codes' scales) as bytes per column block of 16.
+  const char* w_bytes = nullptr;
+  const char* s_bytes = nullptr;
+  int64_t w_block = 0, s_block = 0;
 };
 
 // Checks a product against its input width K as linear_bf16 / linear_f32 / linear_int8 do and
@@ -98,6 +116,13 @@ inline TeamProduct team_product(const KernelSet& k, const StackLinear& l, const 
   a.M = rows;
   a.N = N;
   a.out_dtype = dt;
+  const int64_t blocks = (N + 15) / 16;  // every packing's outer dimension
+  p.w_bytes = (const char*)l.packed.data_ptr();
+  p.w_block = l.packed.nbytes() / blocks;
+  if (l.kind == 2) {
+    p.s_bytes = (const char*)l.scales->data_ptr();
+    p.s_block = l.scales->nbytes() / blocks;
+  }
   return p;
 }
 
@@ -346,23 +371,33 @@ class DecodeStack {
       // (row, head) pairs whose chunk partials this thread merges: its own rows', so that it
       // quantizes them for the o product with no barrier between.
       const int64_t c0 = r0 * H_, c1 = r1 * H_;
-      auto sync = [&] { barrier.wait(nt); };
+      // Every wait names the next product: the waiting thread fetches its share of that
+      // product's weights (WaitFetch), carried on from wait to wait until the product runs.
+      WaitFetch fetch;
+      const TeamProduct* fetching = nullptr;
+      auto sync = [&](const TeamProduct& next) {
+        if (fetching != &next) {
+          fetch = next.share_fetch(t, nt);
+          fetching = &next;
+        }
+        barrier.wait(nt, &fetch);
+      };
       for (int64_t i = 0; i < L; ++i) {
         const StackLayer& l = layers_[i];
         const TeamProduct* pr = products.data() + 4 * i;
         const void* resid = i == 0 ? h.data_ptr() : out.data_ptr();
         k.rms_norm_rows(resid, hidden, l.input_norm.data_ptr(), xn.data_ptr(), hidden, hidden, eps, dt, r0, r1);
         pr[0].quantize(k, xn.data_ptr(), hidden, dt, r0, r1);
-        sync();
+        sync(pr[0]);
         pr[0].run(t, nt);
-        sync();
+        sync(pr[1]);
         RopeKVArgs ri = rope;
         ri.k_cache = k_caches[i].data_ptr();
         ri.v_cache = v_caches[i].data_ptr();
         ri.k_scale = layer_scales[i].k;
         ri.v_scale = layer_scales[i].v;
         k.rope_kv_rows(ri, r0, r1);
-        sync();
+        sync(pr[1]);
         DecodeAttnArgs ai = attn;
         ai.k_cache = k_caches[i].data_ptr();
         ai.v_cache = v_caches[i].data_ptr();
@@ -370,29 +405,29 @@ class DecodeStack {
         ai.v_mult = layer_scales[i].v_mult;
         for (int64_t r = t; r < plan.runs; r += nt) plan.run(k, ai, r, mine);
         if (plan.chunked() || pr[1].quantizes()) {
-          sync();
+          sync(pr[1]);
           if (plan.chunked() && c0 < c1) plan.combine(k, ai, c0, c1);
           pr[1].quantize(k, att.data_ptr(), HD, dt, r0, r1);
         }
-        sync();
+        sync(pr[1]);
         pr[1].run(t, nt);
-        sync();
+        sync(pr[2]);
         k.rms_norm_rows(mid.data_ptr(), hidden, l.post_norm.data_ptr(), xn.data_ptr(), hidden, hidden, eps, dt, r0, r1);
         pr[2].quantize(k, xn.data_ptr(), hidden, dt, r0, r1);
-        sync();
+        sync(pr[2]);
         pr[2].run(t, nt);
-        sync();
+        sync(pr[3]);
         k.silu_mul_rows(gu.data_ptr(), 2 * inter, act.data_ptr(), inter, inter, dt, r0, r1);
         pr[3].quantize(k, act.data_ptr(), inter, dt, r0, r1);
-        sync();
+        sync(pr[3]);
         pr[3].run(t, nt);
-        sync();
+        sync(i + 1 < L ? pr[4] : head_product);
       }
       if (head != nullptr) {
         k.rms_norm_rows(out.data_ptr(), hidden, final_norm_.data_ptr(), head->normed.data_ptr(), hidden, hidden,
                         (float)head_eps_, dt, r0, r1);
         head_product.quantize(k, head->normed.data_ptr(), hidden, dt, r0, r1);
-        sync();
+        sync(head_product);
         head_product.run(t, nt);
         if (dt == 1) widen_columns(head->product, head->logits, t, nt);
       }
