@@ -41,7 +41,7 @@ class Config:
     name: str
     llm: dict
     op: dict
-    # per round: one figure per side (lower is better for "ms", higher for "tok/s")
+    # per round: one figure per side (lower is better for "ms", higher for "tok/s" and "prompt tok/s")
     unit: str
 
 
@@ -93,6 +93,8 @@ class Worker:
 def figure(config: Config, answer: dict) -> float:
     if config.unit == "ms":
         return statistics.median(answer["step_ms"])
+    if config.unit == "prompt tok/s":
+        return answer["prompt_tokens"] / answer["seconds"]
     return answer["generated"] / answer["seconds"]
 
 
@@ -164,6 +166,9 @@ def configs(args: argparse.Namespace) -> list[list[Config]]:
         group = [Config(f"decode step, {label}, batch {batch}", llm,
                         {"op": "decode", "batch": batch, "context": args.context, "steps": args.steps}, "ms")
                  for batch in args.batches]
+        if args.prompts:
+            group.append(Config(f"prompts, {label}, {args.prompts} x {args.context} tokens", llm,
+                                {"op": "prompts", "batch": args.prompts, "context": args.context}, "prompt tok/s"))
         if args.chat:
             group.append(Config(f"multi-turn chat, {label}", llm,
                                 {"op": "chat", "conversations": 8, "turns": 3, "system": 300, "tokens": 32}, "tok/s"))
@@ -200,6 +205,9 @@ processes) the after build's. Embedded SmolLM2-135M-Instruct, {args.threads} tor
 - **multi-turn chat**: engine_vs_hf's workload in miniature: 8 conversations, one shared
   300-token system prompt, 3 turns of 32 generated tokens, each turn's prompt the history
   (served from the prefix cache); the figure is generated tokens/s (higher is better).
+- **prompts** (with `--prompts B`): B prompts of {args.context} fresh random token ids at once
+  (nothing cached), one token each, as a serving workload's arrivals; the figure is prompt
+  tokens/s (higher is better).
 
 Ratio = after / before per round (work done seconds apart), its median per session, and the
 two sessions combined by their geometric mean, which cancels the start order: in a
@@ -223,6 +231,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 16])
     ap.add_argument("--settings", nargs="+", choices=list(SETTINGS), default=["bf16", "int8"])
     ap.add_argument("--no-chat", dest="chat", action="store_false", help="decode steps only")
+    ap.add_argument("--prompts", type=int, default=0, metavar="B",
+                    help="also B fresh prompts of --context tokens at once, one token each (prompt tokens/s)")
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--steps", type=int, default=24, help="timed decode steps per round and side")
     ap.add_argument("--threads", type=int, default=2)

@@ -74,6 +74,16 @@ def chat(llm: Any, sp: Any, cmd: dict) -> dict:
     return {"seconds": time.perf_counter() - t, "generated": generated}
 
 
+def prompts(llm: Any, sp: Any, cmd: dict) -> dict:
+    rng = random.Random(f"prompts:{cmd['salt']}")  # not the decode op's prompts, which the cache holds
+    vocab = len(llm.tokenizer)
+    batch = [prompt_ids(vocab, cmd["context"], rng) for _ in range(cmd["batch"])]
+    params = sp(max_tokens=1, temperature=0.0, ignore_eos=True)
+    t = time.perf_counter()
+    llm.generate(batch, params)
+    return {"seconds": time.perf_counter() - t, "prompt_tokens": cmd["batch"] * cmd["context"]}
+
+
 def main() -> None:
     settings = json.loads(sys.argv[1])
     import torch
@@ -91,7 +101,7 @@ def main() -> None:
             raise
         llm = LLM(**{k: v for k, v in kwargs.items() if k != "quantization"})
     print(json.dumps({"ready": True}), flush=True)
-    ops = {"decode": decode, "chat": chat}
+    ops = {"decode": decode, "chat": chat, "prompts": prompts}
     for line in sys.stdin:
         cmd = json.loads(line)
         print(json.dumps(ops[cmd["op"]](llm, SamplingParams, cmd)), flush=True)
