@@ -52,19 +52,17 @@ struct TeamProduct {
   WaitFetch share_fetch(int t, int nt) const {
     const auto [b, e] = share_of((a.N + 15) / 16, 4, t, nt);
     WaitFetch f;
-    if (b < e && w_bytes != nullptr) {
-      f.next = w_bytes + b * w_block;
+    if (b < e && a.w != nullptr) {
+      f.next = (const char*)a.w + b * w_block;
       f.bytes = (e - b) * w_block;
-      if (s_bytes != nullptr) {
-        f.next2 = s_bytes + b * s_block;
+      if (a.dm != nullptr) {
+        f.next2 = (const char*)a.dm + b * s_block;
         f.bytes2 = (e - b) * s_block;
       }
     }
     return f;
   }
-  // The packed weights (and int8 codes' scales) as bytes per column block of 16.
-  const char* w_bytes = nullptr;
-  const char* s_bytes = nullptr;
+  // Bytes per column block of 16 of the packed weights (a.w) and of int8 codes' scales (a.dm).
   int64_t w_block = 0, s_block = 0;
 };
 
@@ -117,12 +115,8 @@ inline TeamProduct team_product(const KernelSet& k, const StackLinear& l, const 
   a.N = N;
   a.out_dtype = dt;
   const int64_t blocks = (N + 15) / 16;  // every packing's outer dimension
-  p.w_bytes = (const char*)l.packed.data_ptr();
   p.w_block = l.packed.nbytes() / blocks;
-  if (l.kind == 2) {
-    p.s_bytes = (const char*)l.scales->data_ptr();
-    p.s_block = l.scales->nbytes() / blocks;
-  }
+  if (l.kind == 2) p.s_block = l.scales->nbytes() / blocks;
   return p;
 }
 
